@@ -1,0 +1,272 @@
+//! Decode attention over a KV cache: the public entry point. Validates shapes, splits the work
+//! into (batch, kv head, q-head subgroup, query block, key range) tasks and dispatches the
+//! per-ISA primitives to `block::attend`. Caches longer than SPLIT_KEYS are cut into key
+//! ranges whose partial softmax results are merged afterwards (flash-decoding), so a single
+//! sequence with few kv heads still uses every thread without reading K/V twice.
+//!
+//! Numerical contract: out = softmax(scale * q.k^T) v with a causal mask against the cache end
+//! (query t of T sees keys 0..=S-T+t). Inputs are widened to f32 in small row chunks (the cache
+//! is never copied whole); scores, the max-subtracted softmax and all sums are f32; split key
+//! ranges are combined by rescaling with exp(range max - overall max); each output row is
+//! divided by its softmax denominator and converted to E once, at the end. The task split
+//! depends only on the shapes' key ranges, so results do not depend on the runner. Tiers differ
+//! only in summation order and in the exp implementation (SIMD tiers use a polynomial exp
+//! accurate to a few ulp).
+
+mod block;
+mod generic;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+use crate::bf16::Element;
+use crate::isa::Isa;
+use crate::par::{run_tasks, Parallel, SyncPtr};
+
+/// A strided 4-D view. `strides` are in elements; `strides[3]` must be 1 (rows contiguous)
+/// unless `dims[3] <= 1`; `data` must cover the largest offset.
+#[derive(Clone, Copy, Debug)]
+pub struct View4<'a, E> {
+    pub data: &'a [E],
+    pub dims: [usize; 4],
+    pub strides: [usize; 4],
+}
+
+impl<'a, E> View4<'a, E> {
+    /// A row-major (C-contiguous) view of `data` with the given dims.
+    pub fn contiguous(data: &'a [E], dims: [usize; 4]) -> Self {
+        let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
+        View4 {
+            data,
+            dims,
+            strides,
+        }
+    }
+
+    /// Panics unless every element the dims address lies inside `data`.
+    fn check(&self, name: &str) {
+        if self.dims.contains(&0) {
+            return;
+        }
+        assert!(
+            self.strides[3] == 1 || self.dims[3] == 1,
+            "decode_attention: {name} must have unit stride in its last dim, got strides {:?}",
+            self.strides
+        );
+        let max_offset = self
+            .dims
+            .iter()
+            .zip(&self.strides)
+            .try_fold(0usize, |acc, (&d, &s)| {
+                (d - 1).checked_mul(s)?.checked_add(acc)
+            })
+            .unwrap_or(usize::MAX);
+        assert!(
+            max_offset < self.data.len(),
+            "decode_attention: {name} with dims {:?} and strides {:?} needs {} elements, \
+             data has {}",
+            self.dims,
+            self.strides,
+            max_offset.saturating_add(1),
+            self.data.len()
+        );
+    }
+
+    /// Offset of row (a, b, c), i.e. of element (a, b, c, 0).
+    #[inline]
+    fn offset(&self, a: usize, b: usize, c: usize) -> usize {
+        a * self.strides[0] + b * self.strides[1] + c * self.strides[2]
+    }
+}
+
+/// Per-ISA primitives used by `block::attend` (every tier exports these names).
+pub(crate) struct Ops {
+    /// qk(q, rows, k, ldk, keys, d, scores, lds):
+    /// scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]) for r < rows, s < keys.
+    #[allow(clippy::type_complexity)]
+    pub qk: unsafe fn(&[f32], usize, &[f32], usize, usize, usize, &mut [f32], usize),
+    /// pv(p, v, ldv, d, acc): acc[..d] += sum_s p[s] * v[s*ldv..][..d].
+    pub pv: unsafe fn(&[f32], &[f32], usize, usize, &mut [f32]),
+    /// row[i] = exp(row[i] - max(row)) for a non-empty row; returns (max, sum of new row).
+    pub exp_sum: unsafe fn(&mut [f32]) -> (f32, f32),
+    /// dst[i] = widened src[i].
+    pub widen_bf16: unsafe fn(&[u16], &mut [f32]),
+}
+
+impl Ops {
+    fn of(isa: Isa) -> Ops {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Ops {
+                qk: avx512::qk,
+                pv: avx512::pv,
+                exp_sum: avx512::exp_sum,
+                widen_bf16: avx512::widen_bf16,
+            },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Ops {
+                qk: avx2::qk,
+                pv: avx2::pv,
+                exp_sum: avx2::exp_sum,
+                widen_bf16: avx2::widen_bf16,
+            },
+            _ => Ops {
+                qk: generic::qk,
+                pv: generic::pv,
+                exp_sum: generic::exp_sum,
+                widen_bf16: generic::widen_bf16,
+            },
+        }
+    }
+}
+
+/// Query rows (heads x tokens) one task handles together; bounds its scratch to
+/// MAX_ROWS * (2 * D + S) + 64 * D floats (64 = `block::KEY_CHUNK`).
+const MAX_ROWS: usize = 32;
+/// Keys per split of a long cache (a multiple of `block::KEY_CHUNK`).
+const SPLIT_KEYS: usize = 512;
+/// Below this many multiply-adds (q.k plus p.v) everything runs on the caller.
+const MIN_PARALLEL_FMAS: usize = 1 << 16;
+
+/// q dims [B, Hq, T, D]; k, v dims [B, Hkv, S, D]; out contiguous [B, Hq, T, D].
+/// q head h reads kv head h / (Hq / Hkv); query t attends to keys 0..=S-T+t.
+///
+/// Returns without work when B, Hq or T is 0. Panics (never UB) on T > S, Hq % Hkv != 0,
+/// mismatched dims, non-unit last stride, views that overrun their data, a wrong `out`
+/// length, or an `isa` this CPU does not support.
+pub fn decode_attention<E: Element>(
+    isa: Isa,
+    par: &dyn Parallel,
+    q: View4<'_, E>,
+    k: View4<'_, E>,
+    v: View4<'_, E>,
+    scale: f32,
+    out: &mut [E],
+) {
+    let [b, hq, t, d] = q.dims;
+    let [kb, hkv, s, kd] = k.dims;
+    let total = q
+        .dims
+        .iter()
+        .try_fold(1usize, |acc, &x| acc.checked_mul(x))
+        .expect("decode_attention: q dims overflow usize");
+    assert_eq!(
+        out.len(),
+        total,
+        "decode_attention: out has {} elements, expected B*Hq*T*D for q dims {:?}",
+        out.len(),
+        q.dims
+    );
+    if b == 0 || hq == 0 || t == 0 {
+        return;
+    }
+    assert_eq!(
+        k.dims, v.dims,
+        "decode_attention: k dims {:?} differ from v dims {:?}",
+        k.dims, v.dims
+    );
+    assert!(
+        kb == b && kd == d,
+        "decode_attention: k/v dims {:?} do not match q dims {:?} in batch or head size",
+        k.dims,
+        q.dims
+    );
+    assert!(
+        hkv > 0 && hq % hkv == 0,
+        "decode_attention: {hq} query heads are not a multiple of {hkv} kv heads"
+    );
+    assert!(
+        t <= s,
+        "decode_attention: {t} query tokens but only {s} cached keys (T must be <= S)"
+    );
+    q.check("q");
+    k.check("k");
+    v.check("v");
+    assert!(
+        isa.is_supported(),
+        "decode_attention: ISA tier {} is not supported by this CPU",
+        isa.name()
+    );
+    if d == 0 {
+        return;
+    }
+
+    let group = hq / hkv;
+    let t_per = t.min((MAX_ROWS / group).max(1));
+    let t_blocks = t.div_ceil(t_per);
+    // Long caches are cut into fixed key ranges merged afterwards (see the module doc). The
+    // cut depends only on S, never on the runner, so results are runner-independent.
+    let parts = s.div_ceil(SPLIT_KEYS).max(1);
+    let units = b * hkv * t_blocks;
+    let threads = par.num_threads().max(1);
+    // Whole groups share each K/V row while it is hot; split a group only when there would
+    // otherwise be too few tasks to keep every thread busy (per-row results do not change).
+    let h_per = if units * parts < 2 * threads {
+        group.div_ceil((2 * threads).div_ceil(units * parts).min(group))
+    } else {
+        group
+    }
+    .min(MAX_ROWS);
+    let h_blocks = group.div_ceil(h_per);
+    let n_blocks = units * h_blocks;
+    let n_tasks = n_blocks * parts;
+
+    // Block i (of n_blocks) in (b, kv head, token block, head block) order.
+    let block_of = |i: usize, keys: std::ops::Range<usize>| {
+        let hb = i % h_blocks;
+        let tb = (i / h_blocks) % t_blocks;
+        let kvh = (i / (h_blocks * t_blocks)) % hkv;
+        let bb = i / (h_blocks * t_blocks * hkv);
+        let h0 = kvh * group + hb * h_per;
+        let t0 = tb * t_per;
+        block::Block {
+            b: bb,
+            kv_head: kvh,
+            heads: h0..(h0 + h_per).min((kvh + 1) * group),
+            tokens: t0..(t0 + t_per).min(t),
+            keys,
+        }
+    };
+
+    let ops = Ops::of(isa);
+    // Partial rows [max, sum, acc[..d]] of every (block, part) when the keys are split.
+    let slot = h_per * t_per * (d + 2);
+    let mut partials = vec![0.0f32; if parts > 1 { n_tasks * slot } else { 0 }];
+    let partial_ptr = SyncPtr(partials.as_mut_ptr());
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let task = |i: usize| {
+        let part = i % parts;
+        let job = block_of(i / parts, part * SPLIT_KEYS..(part + 1) * SPLIT_KEYS);
+        let sink = if parts > 1 {
+            // SAFETY: i < n_tasks and `partials` holds n_tasks * slot floats, so the offset
+            // stays inside the allocation; task i alone writes partials[i*slot..(i+1)*slot].
+            block::Sink::Partial(SyncPtr(unsafe { partial_ptr.get().add(i * slot) }))
+        } else {
+            block::Sink::Out(out_ptr)
+        };
+        // SAFETY: tasks write disjoint memory: either their own partial slot, or (unsplit)
+        // disjoint (b, head, token) rows of `out`, which has B*Hq*T*D elements (asserted); the
+        // views were bounds-checked and `ops` belongs to a supported ISA (asserted above).
+        unsafe { block::attend(&ops, &q, &k, &v, scale, sink, &job) };
+    };
+    let fmas = (b * hq * t).saturating_mul(s).saturating_mul(2 * d);
+    if fmas < MIN_PARALLEL_FMAS {
+        (0..n_tasks).for_each(task);
+    } else {
+        run_tasks(par, n_tasks, &task);
+    }
+    if parts > 1 {
+        for i in 0..n_blocks {
+            let job = block_of(i, 0..s);
+            block::merge(
+                &partials[i * parts * slot..(i + 1) * parts * slot],
+                parts,
+                &job,
+                &q.dims,
+                out,
+            );
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! AVX2 + FMA attention primitives (8 f32 lanes; head-dim tails via masked loads).
+//!
+//! Numerical contract: f32 FMA accumulation. Scores for 8 keys are reduced together with a
+//! horizontal-add tree; `pv` keeps the output row in registers across all keys. exp is a
+//! Cephes-style polynomial (max error ~2 ulp for results >= 2^-126, results below that flush
+//! to 0, NaN propagates).
+
+use std::arch::x86_64::*;
+
+use crate::bf16::bf16_to_f32;
+
+/// Horizontal sum of one vector.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+}
+
+/// [hsum(a[0]), ..., hsum(a[7])] in one vector (hadd tree: 9 shuffles/adds for 8 sums).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn hsum8(a: &[__m256; 8]) -> __m256 {
+    let g0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    let g1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(g0, g1),
+        _mm256_permute2f128_ps::<0x31>(g0, g1),
+    )
+}
+
+/// Lane mask selecting the first `n` (< 8) lanes, for `_mm256_maskload_ps`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn tail_mask(n: usize) -> __m256i {
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
+}
+
+/// acc[j] += q[..d] * k_j[..d] lane-wise for the J keys `k + j*ldk`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot_keys<const J: usize>(
+    q: *const f32,
+    k: *const f32,
+    ldk: usize,
+    d: usize,
+    acc: &mut [__m256; J],
+) {
+    let d8 = d / 8 * 8;
+    let mut i = 0;
+    while i < d8 {
+        let qv = _mm256_loadu_ps(q.add(i));
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(j * ldk + i)), *a);
+        }
+        i += 8;
+    }
+    if d8 < d {
+        // Masked-off lanes are neither read nor faulted on.
+        let m = tail_mask(d - d8);
+        let qv = _mm256_maskload_ps(q.add(d8), m);
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(qv, _mm256_maskload_ps(k.add(j * ldk + d8), m), *a);
+        }
+    }
+}
+
+/// scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]) for r < rows, s < keys.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)] // same shape as every tier
+pub unsafe fn qk(
+    q: &[f32],
+    rows: usize,
+    k: &[f32],
+    ldk: usize,
+    keys: usize,
+    d: usize,
+    scores: &mut [f32],
+    lds: usize,
+) {
+    if rows == 0 || keys == 0 {
+        return;
+    }
+    assert!(q.len() >= rows * d, "qk: q too short");
+    assert!(k.len() >= (keys - 1) * ldk + d, "qk: k too short");
+    assert!(
+        scores.len() >= (rows - 1) * lds + keys,
+        "qk: scores too short"
+    );
+    let kp = k.as_ptr();
+    for r in 0..rows {
+        let qr = q.as_ptr().add(r * d);
+        let out = scores.as_mut_ptr().add(r * lds);
+        let mut s = 0;
+        while s + 8 <= keys {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            dot_keys::<8>(qr, kp.add(s * ldk), ldk, d, &mut acc);
+            _mm256_storeu_ps(out.add(s), hsum8(&acc));
+            s += 8;
+        }
+        while s < keys {
+            let mut acc = [_mm256_setzero_ps(); 1];
+            dot_keys::<1>(qr, kp.add(s * ldk), ldk, d, &mut acc);
+            *out.add(s) = hsum(acc[0]);
+            s += 1;
+        }
+    }
+}
+
+/// acc[..8*N] += sum_s p[s] * v_s[..8*N], accumulating in registers; `masks[c]` selects the
+/// lanes of vector c (all lanes except in a head-dim tail). With SPLIT, even and odd keys go
+/// to separate accumulators (summed at the end) so that short rows (N <= 4) still have 8
+/// independent FMA chains to cover the FMA latency.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn pv_block<const N: usize, const SPLIT: bool>(
+    p: &[f32],
+    v: *const f32,
+    ldv: usize,
+    acc: *mut f32,
+    masks: &[__m256i; N],
+) {
+    let mut even = [_mm256_setzero_ps(); N];
+    let mut odd = [_mm256_setzero_ps(); N];
+    for c in 0..N {
+        even[c] = _mm256_maskload_ps(acc.add(8 * c), masks[c]);
+    }
+    let mut row = v;
+    if SPLIT {
+        let pairs = p.chunks_exact(2);
+        let last = pairs.remainder();
+        for pair in pairs {
+            let (p0, p1) = (_mm256_set1_ps(pair[0]), _mm256_set1_ps(pair[1]));
+            for c in 0..N {
+                let v0 = _mm256_maskload_ps(row.add(8 * c), masks[c]);
+                let v1 = _mm256_maskload_ps(row.add(ldv + 8 * c), masks[c]);
+                even[c] = _mm256_fmadd_ps(p0, v0, even[c]);
+                odd[c] = _mm256_fmadd_ps(p1, v1, odd[c]);
+            }
+            row = row.add(2 * ldv);
+        }
+        if let [pl] = *last {
+            let pb = _mm256_set1_ps(pl);
+            for c in 0..N {
+                let v0 = _mm256_maskload_ps(row.add(8 * c), masks[c]);
+                even[c] = _mm256_fmadd_ps(pb, v0, even[c]);
+            }
+        }
+        for c in 0..N {
+            even[c] = _mm256_add_ps(even[c], odd[c]);
+        }
+    } else {
+        for &ps in p {
+            let pb = _mm256_set1_ps(ps);
+            for c in 0..N {
+                even[c] =
+                    _mm256_fmadd_ps(pb, _mm256_maskload_ps(row.add(8 * c), masks[c]), even[c]);
+            }
+            row = row.add(ldv);
+        }
+    }
+    for c in 0..N {
+        _mm256_maskstore_ps(acc.add(8 * c), masks[c], even[c]);
+    }
+}
+
+/// Masks for `pv_block::<N>` covering `width` (<= 8N) lanes.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn block_masks<const N: usize>(width: usize) -> [__m256i; N] {
+    let mut m = [_mm256_set1_epi32(-1); N];
+    if !width.is_multiple_of(8) {
+        m[N - 1] = tail_mask(width % 8);
+    }
+    m
+}
+
+/// acc[..d] += sum over s < p.len() of p[s] * v[s*ldv..][..d], keys in order.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
+    assert_eq!(acc.len(), d, "pv: acc must hold exactly d values");
+    if p.is_empty() {
+        return;
+    }
+    assert!(v.len() >= (p.len() - 1) * ldv + d, "pv: v too short");
+    // Columns in blocks of up to 8 vectors (64 floats): 8 accumulators stay in registers.
+    let mut c0 = 0;
+    while c0 < d {
+        let width = (d - c0).min(64);
+        let (vp, ap) = (v.as_ptr().add(c0), acc.as_mut_ptr().add(c0));
+        match width.div_ceil(8) {
+            8 => pv_block::<8, false>(p, vp, ldv, ap, &block_masks(width)),
+            7 => pv_block::<7, false>(p, vp, ldv, ap, &block_masks(width)),
+            6 => pv_block::<6, false>(p, vp, ldv, ap, &block_masks(width)),
+            5 => pv_block::<5, false>(p, vp, ldv, ap, &block_masks(width)),
+            4 => pv_block::<4, true>(p, vp, ldv, ap, &block_masks(width)),
+            3 => pv_block::<3, true>(p, vp, ldv, ap, &block_masks(width)),
+            2 => pv_block::<2, true>(p, vp, ldv, ap, &block_masks(width)),
+            _ => pv_block::<1, true>(p, vp, ldv, ap, &block_masks(width)),
+        }
+        c0 += width;
+    }
+}
+
+/// exp(x) for x <= ~88.4: Cephes range reduction x = n ln2 + r, |r| <= ln2/2, degree-6
+/// polynomial, then scale by 2^n through the exponent bits.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn exp8(x: __m256) -> __m256 {
+    // Below this the result is not a normal f32; flush to 0 (also maps -inf to 0).
+    let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_54));
+    // min/max return their second operand for NaN, so NaN passes through.
+    let x = _mm256_min_ps(_mm256_set1_ps(88.376_26), x);
+    let x = _mm256_max_ps(_mm256_set1_ps(-87.336_54), x);
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut y = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+    }
+    let y = _mm256_add_ps(
+        _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r),
+        _mm256_set1_ps(1.0),
+    );
+    let pow2n = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)))
+}
+
+/// row[i] = exp(row[i] - max(row)); returns (max, sum of the new values).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp_sum(row: &mut [f32]) -> (f32, f32) {
+    let n = row.len();
+    let n8 = n / 8 * 8;
+    let p = row.as_mut_ptr();
+    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    while i < n8 {
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(p.add(i)));
+        i += 8;
+    }
+    let mut lanes = [0.0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
+    let max = lanes
+        .iter()
+        .chain(&row[n8..])
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    let maxv = _mm256_set1_ps(max);
+    let mut sum = _mm256_setzero_ps();
+    i = 0;
+    while i < n8 {
+        let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), maxv));
+        _mm256_storeu_ps(p.add(i), e);
+        sum = _mm256_add_ps(sum, e);
+        i += 8;
+    }
+    if n8 < n {
+        // Tail through a -inf padded vector: the padding lanes become exp(-inf) = 0.
+        let mut tmp = [f32::NEG_INFINITY; 8];
+        tmp[..n - n8].copy_from_slice(&row[n8..]);
+        let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(tmp.as_ptr()), maxv));
+        _mm256_storeu_ps(tmp.as_mut_ptr(), e);
+        row[n8..].copy_from_slice(&tmp[..n - n8]);
+        sum = _mm256_add_ps(sum, e);
+    }
+    (max, hsum(sum))
+}
+
+/// dst[i] = widened src[i].
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn widen_bf16(src: &[u16], dst: &mut [f32]) {
+    let n = src.len();
+    assert_eq!(n, dst.len(), "widen_bf16: length mismatch");
+    let n8 = n / 8 * 8;
+    let mut i = 0;
+    while i < n8 {
+        let h = _mm_loadu_si128(src.as_ptr().add(i).cast());
+        let f = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_castsi256_ps(f));
+        i += 8;
+    }
+    for t in n8..n {
+        dst[t] = bf16_to_f32(src[t]);
+    }
+}

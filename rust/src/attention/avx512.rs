@@ -1,0 +1,281 @@
+//! AVX-512 (F/BW/VL/DQ) + FMA attention primitives (16 f32 lanes, masked head-dim tails).
+//!
+//! Numerical contract: f32 FMA accumulation. Scores for 8 keys are reduced together (fold
+//! 512 -> 256 bits, then a horizontal-add tree); `pv` keeps the output row in registers
+//! across all keys. exp is a Cephes-style polynomial scaled with `vscalefps` (max error
+//! ~2 ulp, gradual underflow to 0, NaN propagates).
+
+use std::arch::x86_64::*;
+
+/// Mask of the first `n` lanes (all 16 when n >= 16).
+#[inline]
+fn lanes(n: usize) -> __mmask16 {
+    if n >= 16 {
+        !0
+    } else {
+        (1u16 << n) - 1
+    }
+}
+
+/// [sum of a[0]'s lanes, ..., sum of a[7]'s lanes] in one 8-lane vector: a transpose-and-add
+/// tree on full zmm registers (8 -> 4 -> 2 -> 1), ~24 single-uop shuffles/adds for 8 sums.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+fn hsum8(a: &[__m512; 8]) -> __m256 {
+    // Halves: [x.lo256 + x.hi256 | y.lo256 + y.hi256] for the pairs (0,1) (2,3) (4,5) (6,7).
+    let halves = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(x, y),
+        )
+    };
+    let (h01, h23, h45, h67) = (
+        halves(a[0], a[1]),
+        halves(a[2], a[3]),
+        halves(a[4], a[5]),
+        halves(a[6], a[7]),
+    );
+    // Quarters: 128-bit lane i holds 4 partial sums of vector i (0..4), then of 4 + i.
+    let quarters = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+        )
+    };
+    let q0 = quarters(h01, h23);
+    let q1 = quarters(h45, h67);
+    // In-lane: lane i -> [sum(i), sum(4 + i), sum(i), sum(4 + i)].
+    let v = _mm512_add_ps(_mm512_unpacklo_ps(q0, q1), _mm512_unpackhi_ps(q0, q1));
+    let v = _mm512_add_ps(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, v))
+}
+
+/// acc[j] += q[..d] * k_j[..d] lane-wise for the J keys `k + j*ldk`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+unsafe fn dot_keys<const J: usize>(
+    q: *const f32,
+    k: *const f32,
+    ldk: usize,
+    d: usize,
+    acc: &mut [__m512; J],
+) {
+    let mut i = 0;
+    while i < d {
+        // Masked-off lanes are neither read nor faulted on, and load as 0.
+        let m = lanes(d - i);
+        let qv = _mm512_maskz_loadu_ps(m, q.add(i));
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k.add(j * ldk + i)), *a);
+        }
+        i += 16;
+    }
+}
+
+/// scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]) for r < rows, s < keys.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[allow(clippy::too_many_arguments)] // same shape as every tier
+pub unsafe fn qk(
+    q: &[f32],
+    rows: usize,
+    k: &[f32],
+    ldk: usize,
+    keys: usize,
+    d: usize,
+    scores: &mut [f32],
+    lds: usize,
+) {
+    if rows == 0 || keys == 0 {
+        return;
+    }
+    assert!(q.len() >= rows * d, "qk: q too short");
+    assert!(k.len() >= (keys - 1) * ldk + d, "qk: k too short");
+    assert!(
+        scores.len() >= (rows - 1) * lds + keys,
+        "qk: scores too short"
+    );
+    let kp = k.as_ptr();
+    for r in 0..rows {
+        let qr = q.as_ptr().add(r * d);
+        let out = scores.as_mut_ptr().add(r * lds);
+        let mut s = 0;
+        while s + 8 <= keys {
+            let mut acc = [_mm512_setzero_ps(); 8];
+            dot_keys::<8>(qr, kp.add(s * ldk), ldk, d, &mut acc);
+            _mm256_storeu_ps(out.add(s), hsum8(&acc));
+            s += 8;
+        }
+        while s < keys {
+            let mut acc = [_mm512_setzero_ps(); 1];
+            dot_keys::<1>(qr, kp.add(s * ldk), ldk, d, &mut acc);
+            *out.add(s) = _mm512_reduce_add_ps(acc[0]);
+            s += 1;
+        }
+    }
+}
+
+/// acc[..width] += sum_s p[s] * v_s[..width] for width <= 16*N, accumulating in registers.
+/// Even and odd keys go to separate accumulators (summed at the end) so that short rows
+/// (N <= 4 vectors) still have 2N independent FMA chains to cover the FMA latency.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+unsafe fn pv_block<const N: usize>(
+    p: &[f32],
+    v: *const f32,
+    ldv: usize,
+    acc: *mut f32,
+    width: usize,
+) {
+    let mut masks = [0 as __mmask16; N];
+    for (c, m) in masks.iter_mut().enumerate() {
+        *m = lanes(width - 16 * c);
+    }
+    let mut even = [_mm512_setzero_ps(); N];
+    let mut odd = [_mm512_setzero_ps(); N];
+    for c in 0..N {
+        even[c] = _mm512_maskz_loadu_ps(masks[c], acc.add(16 * c));
+    }
+    let mut row = v;
+    let pairs = p.chunks_exact(2);
+    let last = pairs.remainder();
+    for pair in pairs {
+        let (p0, p1) = (_mm512_set1_ps(pair[0]), _mm512_set1_ps(pair[1]));
+        for c in 0..N {
+            let v0 = _mm512_maskz_loadu_ps(masks[c], row.add(16 * c));
+            let v1 = _mm512_maskz_loadu_ps(masks[c], row.add(ldv + 16 * c));
+            even[c] = _mm512_fmadd_ps(p0, v0, even[c]);
+            odd[c] = _mm512_fmadd_ps(p1, v1, odd[c]);
+        }
+        row = row.add(2 * ldv);
+    }
+    if let [pl] = *last {
+        let pb = _mm512_set1_ps(pl);
+        for c in 0..N {
+            even[c] = _mm512_fmadd_ps(
+                pb,
+                _mm512_maskz_loadu_ps(masks[c], row.add(16 * c)),
+                even[c],
+            );
+        }
+    }
+    for c in 0..N {
+        _mm512_mask_storeu_ps(acc.add(16 * c), masks[c], _mm512_add_ps(even[c], odd[c]));
+    }
+}
+
+/// acc[..d] += sum over s < p.len() of p[s] * v[s*ldv..][..d], keys in order.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
+    assert_eq!(acc.len(), d, "pv: acc must hold exactly d values");
+    if p.is_empty() {
+        return;
+    }
+    assert!(v.len() >= (p.len() - 1) * ldv + d, "pv: v too short");
+    // Columns in blocks of up to 8 vectors (128 floats): 8 accumulators stay in registers.
+    let mut c0 = 0;
+    while c0 < d {
+        let width = (d - c0).min(128);
+        let (vp, ap) = (v.as_ptr().add(c0), acc.as_mut_ptr().add(c0));
+        match width.div_ceil(16) {
+            8 => pv_block::<8>(p, vp, ldv, ap, width),
+            7 => pv_block::<7>(p, vp, ldv, ap, width),
+            6 => pv_block::<6>(p, vp, ldv, ap, width),
+            5 => pv_block::<5>(p, vp, ldv, ap, width),
+            4 => pv_block::<4>(p, vp, ldv, ap, width),
+            3 => pv_block::<3>(p, vp, ldv, ap, width),
+            2 => pv_block::<2>(p, vp, ldv, ap, width),
+            _ => pv_block::<1>(p, vp, ldv, ap, width),
+        }
+        c0 += width;
+    }
+}
+
+/// exp(x): Cephes range reduction x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, then
+/// `scalef` multiplies by 2^n with correct overflow/underflow.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+fn exp16(x: __m512) -> __m512 {
+    // exp(-104) is below the smallest subnormal and exp(89) overflows; clamping keeps the
+    // reduction finite (max/min return their second operand for NaN, so NaN passes through).
+    let x = _mm512_max_ps(_mm512_set1_ps(-104.0), x);
+    let x = _mm512_min_ps(_mm512_set1_ps(89.0), x);
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut y = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+    }
+    let y = _mm512_add_ps(
+        _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r),
+        _mm512_set1_ps(1.0),
+    );
+    _mm512_scalef_ps(y, n)
+}
+
+/// row[i] = exp(row[i] - max(row)); returns (max, sum of the new values).
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+pub unsafe fn exp_sum(row: &mut [f32]) -> (f32, f32) {
+    let n = row.len();
+    let p = row.as_mut_ptr();
+    let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut mv = ninf;
+    let mut i = 0;
+    while i < n {
+        // Masked-off lanes load -inf so they cannot win the max.
+        mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, lanes(n - i), p.add(i)));
+        i += 16;
+    }
+    let max = _mm512_reduce_max_ps(mv);
+    let maxv = _mm512_set1_ps(max);
+    let mut sum = _mm512_setzero_ps();
+    i = 0;
+    while i < n {
+        let m = lanes(n - i);
+        let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p.add(i)), maxv));
+        _mm512_mask_storeu_ps(p.add(i), m, e);
+        sum = _mm512_mask_add_ps(sum, m, sum, e);
+        i += 16;
+    }
+    (max, _mm512_reduce_add_ps(sum))
+}
+
+/// dst[i] = widened src[i].
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+pub unsafe fn widen_bf16(src: &[u16], dst: &mut [f32]) {
+    let n = src.len();
+    assert_eq!(n, dst.len(), "widen_bf16: length mismatch");
+    let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+    let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+    let n32 = n / 32 * 32;
+    let mut i = 0;
+    // Two vectors per step: whole 64-byte source lines, unmasked.
+    while i < n32 {
+        let h0 = _mm256_loadu_si256(s.add(i).cast());
+        let h1 = _mm256_loadu_si256(s.add(i + 16).cast());
+        _mm512_storeu_ps(d.add(i), widen(h0));
+        _mm512_storeu_ps(d.add(i + 16), widen(h1));
+        i += 32;
+    }
+    while i < n {
+        let m = lanes(n - i);
+        let h = _mm256_maskz_loadu_epi16(m, s.add(i).cast());
+        _mm512_mask_storeu_ps(d.add(i), m, widen(h));
+        i += 16;
+    }
+}

@@ -1,0 +1,234 @@
+//! One attention task: a block of query heads (sharing one kv head) times a block of query
+//! tokens, for one batch element and one range of keys. ISA-independent; the per-ISA
+//! primitives come in `Ops`.
+//!
+//! Keys are processed in chunks of KEY_CHUNK rows: a bf16 chunk is widened once into an
+//! L1-sized f32 buffer and then reused by every query row (f32 caches are read in place).
+//! Rows are ordered token-major (row = token * heads + head), so the rows that may see a key
+//! always form a suffix of the block. A task covering all keys writes final rows; a task
+//! covering one key range writes unnormalised partials that `merge` combines.
+//! Numerical contract: as in `attention` (f32 everywhere, one conversion to E at the end).
+
+use std::ops::Range;
+
+use super::{Ops, View4};
+use crate::bf16::{classify, ElemSlice, Element};
+use crate::par::SyncPtr;
+use crate::scratch::with_scratch;
+
+/// Keys per chunk: 64 keys x 128 dims x 4 bytes = 32 KB, inside L1.
+pub(crate) const KEY_CHUNK: usize = 64;
+
+pub(crate) struct Block {
+    pub b: usize,
+    pub kv_head: usize,
+    /// Absolute query-head indices, all mapping to `kv_head`.
+    pub heads: Range<usize>,
+    pub tokens: Range<usize>,
+    /// Key range of this task (clipped to the keys the block can see).
+    pub keys: Range<usize>,
+}
+
+/// Where a task's rows go.
+pub(crate) enum Sink<E> {
+    /// Normalised rows, converted to E, into the contiguous [B, Hq, T, D] output.
+    Out(SyncPtr<E>),
+    /// Unnormalised rows `[max, sum, acc[..d]]` (d + 2 floats each, task row order).
+    Partial(SyncPtr<f32>),
+}
+
+/// Rows s0..s0+n of (b, h) as f32, with their row stride: borrowed in place when E is f32,
+/// widened into `buf` (stride d) otherwise.
+#[allow(clippy::too_many_arguments)]
+fn rows_f32<'r, E: Element>(
+    ops: &Ops,
+    data: &ElemSlice<'r, E>,
+    view: &View4<'_, E>,
+    b: usize,
+    h: usize,
+    s0: usize,
+    n: usize,
+    buf: &'r mut [f32],
+) -> (&'r [f32], usize) {
+    let d = view.dims[3];
+    let ld = view.strides[2];
+    let off = view.offset(b, h, s0);
+    match data {
+        ElemSlice::F32(s) => (&s[off..off + (n - 1) * ld + d], ld),
+        ElemSlice::Bf16(s) if ld == d => {
+            // Contiguous rows: one call for the whole chunk.
+            // SAFETY: `ops` belongs to an ISA the CPU supports (attend's contract).
+            unsafe { (ops.widen_bf16)(&s[off..off + n * d], &mut buf[..n * d]) };
+            (&buf[..n * d], d)
+        }
+        ElemSlice::Bf16(s) => {
+            for (i, dst) in buf[..n * d].chunks_exact_mut(d).enumerate() {
+                let src = &s[off + i * ld..off + i * ld + d];
+                // SAFETY: as above.
+                unsafe { (ops.widen_bf16)(src, dst) };
+            }
+            (&buf[..n * d], d)
+        }
+        ElemSlice::Other(s) => {
+            for (i, dst) in buf[..n * d].chunks_exact_mut(d).enumerate() {
+                for (o, x) in dst.iter_mut().zip(&s[off + i * ld..off + i * ld + d]) {
+                    *o = x.to_f32();
+                }
+            }
+            (&buf[..n * d], d)
+        }
+    }
+}
+
+/// Offset of (b, h, t, 0) in the contiguous output.
+fn out_offset(dims: &[usize; 4], b: usize, h: usize, t: usize) -> usize {
+    ((b * dims[1] + h) * dims[2] + t) * dims[3]
+}
+
+/// Computes the rows of `job` over its key range and writes them to `sink`.
+///
+/// # Safety
+/// `ops` must belong to an ISA the CPU supports; the views must have passed
+/// `decode_attention`'s validation (in-bounds, T <= S, matching dims, D > 0). `Sink::Out`
+/// must point at the contiguous [B, Hq, T, D] output, `Sink::Partial` at heads*tokens*(D+2)
+/// floats, and no other thread may access the rows this job writes.
+pub(crate) unsafe fn attend<E: Element>(
+    ops: &Ops,
+    q: &View4<'_, E>,
+    k: &View4<'_, E>,
+    v: &View4<'_, E>,
+    scale: f32,
+    sink: Sink<E>,
+    job: &Block,
+) {
+    let d = q.dims[3];
+    let nh = job.heads.len();
+    let rows = nh * job.tokens.len();
+    // Query t sees keys 0..=base + t.
+    let base = k.dims[2] - q.dims[2];
+    let ks = job.keys.start;
+    let ke = job.keys.end.min(base + job.tokens.end);
+    let nkeys = ke.saturating_sub(ks);
+    // Keys of this task that row r sees, and the first row that sees absolute key s.
+    let seen = |r: usize| {
+        (base + job.tokens.start + r / nh + 1)
+            .min(ke)
+            .saturating_sub(ks)
+    };
+    let first_row = |s: usize| s.saturating_sub(base + job.tokens.start) * nh;
+
+    let (qd, kd, vd) = (classify(q.data), classify(k.data), classify(v.data));
+    let len = 2 * rows * d + rows * nkeys + KEY_CHUNK * d + 2 * rows;
+    with_scratch(len, |buf| {
+        let (qbuf, rest) = buf.split_at_mut(rows * d);
+        let (acc, rest) = rest.split_at_mut(rows * d);
+        let (scores, rest) = rest.split_at_mut(rows * nkeys);
+        let (chunk, stats) = rest.split_at_mut(KEY_CHUNK * d);
+
+        // Pre-scaled f32 queries.
+        for (tt, t) in job.tokens.clone().enumerate() {
+            for (hh, h) in job.heads.clone().enumerate() {
+                let (src, _) = rows_f32(ops, &qd, q, job.b, h, t, 1, chunk);
+                for (o, &x) in qbuf[(tt * nh + hh) * d..][..d].iter_mut().zip(src) {
+                    *o = scale * x;
+                }
+            }
+        }
+
+        // Scores. Rows masked for part of a chunk get harmless extra entries past their
+        // visible length, which nothing reads.
+        for s0 in (ks..ke).step_by(KEY_CHUNK) {
+            let n = KEY_CHUNK.min(ke - s0);
+            let r0 = first_row(s0);
+            let (kc, ldk) = rows_f32(ops, &kd, k, job.b, job.kv_head, s0, n, chunk);
+            let q_rows = &qbuf[r0 * d..rows * d];
+            let out = &mut scores[r0 * nkeys + (s0 - ks)..];
+            (ops.qk)(q_rows, rows - r0, kc, ldk, n, d, out, nkeys);
+        }
+
+        // Softmax numerators in place; (max, denominator) kept per row.
+        for r in 0..rows {
+            let (max, sum) = match seen(r) {
+                0 => (f32::NEG_INFINITY, 0.0),
+                n => (ops.exp_sum)(&mut scores[r * nkeys..r * nkeys + n]),
+            };
+            stats[2 * r] = max;
+            stats[2 * r + 1] = sum;
+        }
+
+        // Weighted sum of V rows; each row's accumulator lives in registers per chunk.
+        acc.fill(0.0);
+        for s0 in (ks..ke).step_by(KEY_CHUNK) {
+            let n = KEY_CHUNK.min(ke - s0);
+            let (vc, ldv) = rows_f32(ops, &vd, v, job.b, job.kv_head, s0, n, chunk);
+            for r in first_row(s0)..rows {
+                let from = r * nkeys + (s0 - ks);
+                let to = r * nkeys + seen(r).min(s0 - ks + n);
+                (ops.pv)(&scores[from..to], vc, ldv, d, &mut acc[r * d..(r + 1) * d]);
+            }
+        }
+
+        for (tt, t) in job.tokens.clone().enumerate() {
+            for (hh, h) in job.heads.clone().enumerate() {
+                let r = tt * nh + hh;
+                let acc_r = &acc[r * d..(r + 1) * d];
+                match &sink {
+                    Sink::Out(out) => {
+                        let inv = 1.0 / stats[2 * r + 1];
+                        let dst = out.0.add(out_offset(&q.dims, job.b, h, t));
+                        for (i, &a) in acc_r.iter().enumerate() {
+                            *dst.add(i) = E::from_f32(a * inv);
+                        }
+                    }
+                    Sink::Partial(p) => {
+                        let dst = p.0.add(r * (d + 2));
+                        *dst = stats[2 * r];
+                        *dst.add(1) = stats[2 * r + 1];
+                        std::ptr::copy_nonoverlapping(acc_r.as_ptr(), dst.add(2), d);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Combines the `parts` partial results of one block (laid out part after part, each
+/// `partials.len() / parts` floats) into normalised output rows: each part is rescaled by
+/// exp(part max - overall max), in part order, all in f32.
+pub(crate) fn merge<E: Element>(
+    partials: &[f32],
+    parts: usize,
+    job: &Block,
+    dims: &[usize; 4],
+    out: &mut [E],
+) {
+    let d = dims[3];
+    let slot = partials.len() / parts;
+    let nh = job.heads.len();
+    let mut row = vec![0.0f32; d];
+    for (tt, t) in job.tokens.clone().enumerate() {
+        for (hh, h) in job.heads.clone().enumerate() {
+            let r = tt * nh + hh;
+            let part = |p: usize| &partials[p * slot + r * (d + 2)..p * slot + (r + 1) * (d + 2)];
+            let max = (0..parts)
+                .filter(|&p| part(p)[1] > 0.0)
+                .map(|p| part(p)[0])
+                .fold(f32::NEG_INFINITY, f32::max);
+            let mut denom = 0.0f32;
+            row.fill(0.0);
+            for p in (0..parts).filter(|&p| part(p)[1] > 0.0) {
+                let pr = part(p);
+                let w = (pr[0] - max).exp();
+                denom += w * pr[1];
+                for (o, &a) in row.iter_mut().zip(&pr[2..]) {
+                    *o += w * a;
+                }
+            }
+            let inv = 1.0 / denom;
+            let off = out_offset(dims, job.b, h, t);
+            for (o, &x) in out[off..off + d].iter_mut().zip(&row) {
+                *o = E::from_f32(x * inv);
+            }
+        }
+    }
+}

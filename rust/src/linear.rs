@@ -1,0 +1,267 @@
+//! `y = x @ w^T + bias`: the dispatcher. Validates sizes, picks the tier and the path
+//! (memory-bound GEMV for few rows, packed GEMM for many), and splits the output into
+//! disjoint tiles for the parallel runner.
+//!
+//! Numerical contract: every y element is an f32 sum of f32 products (bf16 weights are widened
+//! exactly), and the bias is added once, after the full sum. The result of one element does not
+//! depend on the runner or the tiling; tiers differ only in summation order.
+
+mod generic;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+// Panel packing is only needed by the packed-GEMM (SIMD) tiers.
+#[cfg(target_arch = "x86_64")]
+mod pack;
+#[cfg(target_arch = "x86_64")]
+mod pack_avx2;
+
+use std::ops::Range;
+
+pub(crate) use generic::dot as generic_dot;
+
+use crate::isa::Isa;
+use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
+
+/// Weights, row-major `[n, k]` (torch's `nn.Linear.weight` layout).
+#[derive(Clone, Copy, Debug)]
+pub enum Weight<'a> {
+    Bf16(&'a [u16]),
+    F32(&'a [f32]),
+}
+
+impl Weight<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Weight::Bf16(w) => w.len(),
+            Weight::F32(w) => w.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Everything a tier needs for one call. `y` is written through a raw pointer because tasks
+/// own disjoint *column* ranges of the row-major output, which slices cannot express.
+pub(crate) struct Problem<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub k: usize,
+    pub w: Weight<'a>,
+    pub n: usize,
+    pub bias: Option<&'a [f32]>,
+    /// Points at `m * n` f32s.
+    pub y: SyncPtr<f32>,
+}
+
+/// Below this many multiply-adds a call runs as a single task on the caller: spreading it
+/// costs more than it saves (a persistent pool's dispatch is a few microseconds, ~1/3 of a
+/// 576x576 bf16 GEMV; see the "2p" runner in kernel_bench).
+const MIN_FMAS_PER_TASK: usize = 1 << 17;
+
+/// y[i*n + j] = sum_kk x[i*k + kk] * w[j*k + kk] (+ bias[j]); x row-major [m, k] f32,
+/// y row-major [m, n] f32.
+///
+/// Panics (never UB) when a slice length disagrees with m, k, n, or when `isa` is not
+/// supported by this CPU.
+#[allow(clippy::too_many_arguments)] // mirrors the documented BLAS-like signature
+pub fn linear(
+    isa: Isa,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: Weight<'_>,
+    n: usize,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let mk = m.checked_mul(k).expect("linear: m*k overflows usize");
+    let nk = n.checked_mul(k).expect("linear: n*k overflows usize");
+    let mn = m.checked_mul(n).expect("linear: m*n overflows usize");
+    assert_eq!(
+        x.len(),
+        mk,
+        "linear: x has {} elements, expected m*k = {m}*{k}",
+        x.len()
+    );
+    assert_eq!(
+        w.len(),
+        nk,
+        "linear: w has {} elements, expected n*k = {n}*{k}",
+        w.len()
+    );
+    assert_eq!(
+        y.len(),
+        mn,
+        "linear: y has {} elements, expected m*n = {m}*{n}",
+        y.len()
+    );
+    if let Some(b) = bias {
+        assert_eq!(
+            b.len(),
+            n,
+            "linear: bias has {} elements, expected n = {n}",
+            b.len()
+        );
+    }
+    assert!(
+        isa.is_supported(),
+        "linear: ISA tier {} is not supported by this CPU",
+        isa.name()
+    );
+    if mn == 0 {
+        return;
+    }
+    if k == 0 {
+        // Empty sums: y is just the bias broadcast over rows.
+        for row in y.chunks_exact_mut(n) {
+            match bias {
+                Some(b) => row.copy_from_slice(b),
+                None => row.fill(0.0),
+            }
+        }
+        return;
+    }
+
+    let t = Tier::of(isa);
+    let problem = Problem {
+        x,
+        m,
+        k,
+        w,
+        n,
+        bias,
+        y: SyncPtr(y.as_mut_ptr()),
+    };
+    let fmas = mn.saturating_mul(k);
+    let want = par
+        .num_threads()
+        .clamp(1, (fmas / MIN_FMAS_PER_TASK).max(1));
+
+    let tiles: Vec<(Range<usize>, Range<usize>)> = if m <= t.gemv_max_m {
+        // GEMV: each task streams a disjoint block of weight rows, once, for all x rows.
+        chunk_ranges(n, want, 16)
+            .into_iter()
+            .map(|c| (0..m, c))
+            .collect()
+    } else if n.div_ceil(t.nr) >= 4 * want || m.div_ceil(t.mr) < want {
+        // GEMM, enough weight panels: split N so each weight panel is packed by one task.
+        chunk_ranges(n, want, t.nr)
+            .into_iter()
+            .map(|c| (0..m, c))
+            .collect()
+    } else {
+        // GEMM with few columns: split M instead (each task packs the few panels itself).
+        chunk_ranges(m, want, t.mr)
+            .into_iter()
+            .map(|r| (r, 0..n))
+            .collect()
+    };
+    let gemv = m <= t.gemv_max_m;
+    let task = |i: usize| {
+        let (rows, cols) = tiles[i].clone();
+        // SAFETY: `t` belongs to `isa`, which was asserted supported above; the tiles are
+        // disjoint (chunk_ranges yields disjoint ranges along one axis), so each task writes
+        // its own elements of y; all slices were length-checked against m, k, n above.
+        unsafe {
+            if gemv {
+                (t.gemv)(&problem, rows, cols)
+            } else {
+                (t.gemm)(&problem, rows, cols)
+            }
+        }
+    };
+    run_tasks(par, tiles.len(), &task);
+}
+
+/// Signature shared by every tier's `gemv` and `gemm`: fill the tile `rows x cols` of y.
+type TileFn = unsafe fn(&Problem<'_>, Range<usize>, Range<usize>);
+
+/// One tier's entry points and blocking constants.
+struct Tier {
+    gemv: TileFn,
+    gemm: TileFn,
+    mr: usize,
+    nr: usize,
+    gemv_max_m: usize,
+}
+
+impl Tier {
+    fn of(isa: Isa) -> Tier {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Tier {
+                gemv: avx512::gemv,
+                gemm: avx512::gemm,
+                mr: avx512::MR,
+                nr: avx512::NR,
+                gemv_max_m: avx512::GEMV_MAX_M,
+            },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Tier {
+                gemv: avx2::gemv,
+                gemm: avx2::gemm,
+                mr: avx2::MR,
+                nr: avx2::NR,
+                gemv_max_m: avx2::GEMV_MAX_M,
+            },
+            _ => Tier {
+                gemv: generic::gemv,
+                gemm: generic::gemm,
+                mr: generic::MR,
+                nr: generic::NR,
+                gemv_max_m: generic::GEMV_MAX_M,
+            },
+        }
+    }
+}
+
+/// Test/bench hook: runs one tier's GEMV or GEMM path directly on the whole output, bypassing
+/// the path choice, so both paths can be checked against each other at any m.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_path(
+    isa: Isa,
+    gemm: bool,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: Weight<'_>,
+    n: usize,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    assert!(
+        k > 0 && m > 0 && n > 0,
+        "linear_path: sizes must be non-zero"
+    );
+    assert!(x.len() == m * k && w.len() == n * k && y.len() == m * n);
+    assert!(bias.is_none_or(|b| b.len() == n));
+    assert!(
+        isa.is_supported(),
+        "linear_path: {} unsupported",
+        isa.name()
+    );
+    let t = Tier::of(isa);
+    let p = Problem {
+        x,
+        m,
+        k,
+        w,
+        n,
+        bias,
+        y: SyncPtr(y.as_mut_ptr()),
+    };
+    // SAFETY: tier supported (asserted), single task owns all of y, lengths checked above.
+    unsafe {
+        if gemm {
+            (t.gemm)(&p, 0..m, 0..n)
+        } else {
+            (t.gemv)(&p, 0..m, 0..n)
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! AVX2 + FMA tier of `linear` (256-bit vectors, 8 f32 lanes).
+//!
+//! GEMV (up to GEMV_MAX_M x rows, memory-bound): each block of 8 weight rows is streamed once,
+//! 16 weights per row per step, and widened in registers while up to 4 x rows reuse it.
+//! bf16 weights are widened as (even, odd) pairs with an AND and a byte shuffle, which keeps
+//! the conversion off the FMA ports; x is reordered to match once per call. 8 independent
+//! accumulators hide FMA latency; k tails (k % 8) are scalar.
+//! GEMM (many x rows, compute-bound): BLIS-style. Weight panels of NR=16 columns are packed to
+//! f32 per KC-long k block; a 6x16 register tile (12 ymm accumulators) broadcasts x elements.
+//!
+//! Numerical contract: f32 FMA accumulation. GEMV: each lane accumulates a fixed residue class
+//! of k (kk % 8 for f32; for bf16, lane l takes elements 2l and 2l+1 of every 16-block), lanes
+//! are reduced pairwise, the scalar tail is added in order, then the bias. GEMM: each KC
+//! block's sum is added to y in k order, then the bias once after the last block.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::pack_avx2::pack_panel;
+use super::{Problem, Weight};
+use crate::bf16::bf16_to_f32;
+use crate::scratch::with_scratch;
+
+/// GEMM register tile: MR x rows by NR weight columns.
+pub const MR: usize = 6;
+pub const NR: usize = 16;
+/// Up to this many x rows use the GEMV path (measured crossover, see kernel_bench).
+pub const GEMV_MAX_M: usize = 16;
+/// k block: one packed panel (KC * NR * 4 = 16 KB) stays in L1 while all row tiles use it.
+const KC: usize = 256;
+/// Row block (multiple of MR): its x slice (MC * KC * 4 = 72 KB) stays in L2.
+const MC: usize = 72;
+/// Column block (multiple of NR): the packed weights (KC * NC * 4 = 512 KB) stay in L2.
+const NC: usize = 512;
+
+/// Fills y[rows x cols] with the GEMV loop.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA. `p` must satisfy the `linear` length contract
+/// (x: m*k, w: n*k, bias: n, y points at m*n f32s), `rows`/`cols` must lie within m/n, and no
+/// other thread may access the tile of y concurrently.
+pub unsafe fn gemv(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
+    debug_assert!(rows.end <= p.m && cols.end <= p.n, "tile outside y");
+    let k = p.k;
+    match p.w {
+        Weight::Bf16(w) => {
+            // bf16 weights are widened as (even, odd) element pairs (see `tile`), so x is
+            // reordered to match once per call: within each 16-block, even elements first.
+            with_scratch(rows.len() * k, |xp| {
+                for (dst, i) in xp.chunks_exact_mut(k).zip(rows.clone()) {
+                    permute_even_odd(&p.x[i * k..(i + 1) * k], dst);
+                }
+                gemv_impl::<true>(p, xp.as_ptr(), w.as_ptr().cast(), rows, cols)
+            })
+        }
+        Weight::F32(w) => {
+            let x = p.x.as_ptr().add(rows.start * k);
+            gemv_impl::<false>(p, x, w.as_ptr().cast(), rows, cols)
+        }
+    }
+}
+
+/// dst = src with every full 16-element block reordered as [0, 2, .., 14, 1, 3, .., 15]; the
+/// k % 16 tail is copied unchanged.
+fn permute_even_odd(src: &[f32], dst: &mut [f32]) {
+    let (blocks, tail) = src.as_chunks::<16>();
+    let (dblocks, dtail) = dst.as_chunks_mut::<16>();
+    for (b, d) in blocks.iter().zip(dblocks) {
+        for l in 0..8 {
+            d[l] = b[2 * l];
+            d[8 + l] = b[2 * l + 1];
+        }
+    }
+    dtail.copy_from_slice(tail);
+}
+
+/// `x` points at x row `rows.start` (rows k apart; even/odd-permuted when BF16), `w` at the
+/// weights; `BF16` selects how they are read.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemv_impl<const BF16: bool>(
+    p: &Problem<'_>,
+    x: *const f32,
+    w: *const u8,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) {
+    // Weight rows are taken 8 at a time; all x-row groups run over the block before moving on,
+    // so the block (8 * k elements) is fetched from memory once and re-read from L1/L2.
+    const JB: usize = 8;
+    let mut j = cols.start;
+    while j < cols.end {
+        let jb = JB.min(cols.end - j);
+        let mut i = rows.start;
+        while i < rows.end {
+            let g = (rows.end - i).min(4);
+            let xi = x.add((i - rows.start) * p.k);
+            if jb == JB {
+                // Tile shapes keep R*G <= 12 accumulators (plus loads) within 16 ymm registers.
+                match g {
+                    1 => tile::<BF16, 8, 1>(p, xi, w, i, j),
+                    2 => {
+                        tile::<BF16, 4, 2>(p, xi, w, i, j);
+                        tile::<BF16, 4, 2>(p, xi, w, i, j + 4);
+                    }
+                    3 => {
+                        tile::<BF16, 4, 3>(p, xi, w, i, j);
+                        tile::<BF16, 4, 3>(p, xi, w, i, j + 4);
+                    }
+                    _ => {
+                        for jj in (j..j + JB).step_by(2) {
+                            tile::<BF16, 2, 4>(p, xi, w, i, jj);
+                        }
+                    }
+                }
+            } else {
+                for jj in j..j + jb {
+                    match g {
+                        1 => tile::<BF16, 1, 1>(p, xi, w, i, jj),
+                        2 => tile::<BF16, 1, 2>(p, xi, w, i, jj),
+                        3 => tile::<BF16, 1, 3>(p, xi, w, i, jj),
+                        _ => tile::<BF16, 1, 4>(p, xi, w, i, jj),
+                    }
+                }
+            }
+            i += g;
+        }
+        j += jb;
+    }
+}
+
+/// 8 weights starting at element `idx`, widened to f32.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn load_w8<const BF16: bool>(w: *const u8, idx: usize) -> __m256 {
+    if BF16 {
+        let h = _mm_loadu_si128(w.cast::<u16>().add(idx).cast());
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    } else {
+        _mm256_loadu_ps(w.cast::<f32>().add(idx))
+    }
+}
+
+/// One weight element, widened to f32 (K tails).
+#[inline(always)]
+unsafe fn load_w1<const BF16: bool>(w: *const u8, idx: usize) -> f32 {
+    if BF16 {
+        bf16_to_f32(*w.cast::<u16>().add(idx))
+    } else {
+        *w.cast::<f32>().add(idx)
+    }
+}
+
+/// Horizontal sum, pairing lanes as (0+4, 2+6), (1+5, 3+7) like the generic tier.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+}
+
+/// y[i+g][j+r] = dot(x row i+g, w row j+r) + bias, for g < G, r < R. `x` points at row i
+/// (rows k apart), even/odd-permuted when BF16.
+///
+/// bf16 trick: a 32-byte load holds 8 (even, odd) element pairs in 32-bit lanes.
+/// `lane & 0xFFFF0000` is the odd element as f32 and a byte shuffle moving the low half up is
+/// the even one; both run off the FMA ports (unlike zero-extend + shift), so the loop is no
+/// longer ALU-bound.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // acc[g][r] is a 2-D register tile
+unsafe fn tile<const BF16: bool, const R: usize, const G: usize>(
+    p: &Problem<'_>,
+    x: *const f32,
+    w: *const u8,
+    i: usize,
+    j: usize,
+) {
+    let k = p.k;
+    let k8 = k / 8 * 8;
+    let k16 = k / 16 * 16;
+    let hi_half = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    let lo_to_hi = _mm256_setr_epi8(
+        -128, -128, 0, 1, -128, -128, 4, 5, -128, -128, 8, 9, -128, -128, 12, 13, //
+        -128, -128, 0, 1, -128, -128, 4, 5, -128, -128, 8, 9, -128, -128, 12, 13,
+    );
+    let mut acc = [[_mm256_setzero_ps(); R]; G];
+    let mut kk = 0;
+    // 16 weights per row per step. f32: whole 64-byte lines per step, which streams
+    // noticeably faster; both vectors go into the same accumulator in k order.
+    while kk < k16 {
+        let mut xv = [[_mm256_setzero_ps(); 2]; G];
+        for (g, v) in xv.iter_mut().enumerate() {
+            v[0] = _mm256_loadu_ps(x.add(g * k + kk));
+            v[1] = _mm256_loadu_ps(x.add(g * k + kk + 8));
+        }
+        for r in 0..R {
+            let (w0, w1) = if BF16 {
+                let raw = _mm256_loadu_si256(w.cast::<u16>().add((j + r) * k + kk).cast());
+                (
+                    _mm256_castsi256_ps(_mm256_shuffle_epi8(raw, lo_to_hi)),
+                    _mm256_castsi256_ps(_mm256_and_si256(raw, hi_half)),
+                )
+            } else {
+                (
+                    load_w8::<false>(w, (j + r) * k + kk),
+                    load_w8::<false>(w, (j + r) * k + kk + 8),
+                )
+            };
+            for g in 0..G {
+                acc[g][r] = _mm256_fmadd_ps(xv[g][0], w0, acc[g][r]);
+                acc[g][r] = _mm256_fmadd_ps(xv[g][1], w1, acc[g][r]);
+            }
+        }
+        kk += 16;
+    }
+    while kk < k8 {
+        let mut xv = [_mm256_setzero_ps(); G];
+        for (g, v) in xv.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(x.add(g * k + kk));
+        }
+        for r in 0..R {
+            let wv = load_w8::<BF16>(w, (j + r) * k + kk);
+            for g in 0..G {
+                acc[g][r] = _mm256_fmadd_ps(xv[g], wv, acc[g][r]);
+            }
+        }
+        kk += 8;
+    }
+    for (g, acc_g) in acc.iter().enumerate() {
+        for (r, &a) in acc_g.iter().enumerate() {
+            let mut s = hsum(a);
+            for t in k8..k {
+                s += *x.add(g * k + t) * load_w1::<BF16>(w, (j + r) * k + t);
+            }
+            if let Some(b) = p.bias {
+                s += *b.get_unchecked(j + r);
+            }
+            *p.y.0.add((i + g) * p.n + j + r) = s;
+        }
+    }
+}
+
+/// Fills y[rows x cols] with the packed GEMM loop.
+///
+/// # Safety
+/// Same contract as [`gemv`].
+pub unsafe fn gemm(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
+    debug_assert!(rows.end <= p.m && cols.end <= p.n, "tile outside y");
+    let k = p.k;
+    let panel_cap = KC.min(k) * NR;
+    let buf_len = panel_cap * NC.min(cols.len()).div_ceil(NR);
+    with_scratch(buf_len, |buf| {
+        let mut jc = cols.start;
+        while jc < cols.end {
+            let nc = NC.min(cols.end - jc);
+            let panels = nc.div_ceil(NR);
+            let mut pc = 0;
+            while pc < k {
+                let kc = KC.min(k - pc);
+                for q in 0..panels {
+                    let j0 = jc + q * NR;
+                    let dst = &mut buf[q * kc * NR..(q + 1) * kc * NR];
+                    pack_panel(p.w, k, j0, NR.min(jc + nc - j0), pc, kc, NR, dst);
+                }
+                let first = pc == 0;
+                let last = pc + kc == k;
+                let mut ic = rows.start;
+                while ic < rows.end {
+                    let ie = rows.end.min(ic + MC);
+                    for q in 0..panels {
+                        let j0 = jc + q * NR;
+                        let nv = NR.min(jc + nc - j0);
+                        let b = buf.as_ptr().add(q * kc * NR);
+                        let bias = match p.bias {
+                            Some(bias) if last => bias.as_ptr().add(j0),
+                            _ => std::ptr::null(),
+                        };
+                        let mut ir = ic;
+                        while ir < ie {
+                            let mr = MR.min(ie - ir);
+                            let t = Tile {
+                                kc,
+                                a: p.x.as_ptr().add(ir * k + pc),
+                                lda: k,
+                                b,
+                                c: p.y.0.add(ir * p.n + j0),
+                                ldc: p.n,
+                                nvalid: nv,
+                                first,
+                                bias,
+                            };
+                            match mr {
+                                6 => micro::<6>(&t),
+                                5 => micro::<5>(&t),
+                                4 => micro::<4>(&t),
+                                3 => micro::<3>(&t),
+                                2 => micro::<2>(&t),
+                                _ => micro::<1>(&t),
+                            }
+                            ir += mr;
+                        }
+                    }
+                    ic = ie;
+                }
+                pc += kc;
+            }
+            jc += nc;
+        }
+    });
+}
+
+/// Operands of one microkernel call.
+struct Tile {
+    kc: usize,
+    /// x at (first row of the tile, first k of the block); rows `lda` apart.
+    a: *const f32,
+    lda: usize,
+    /// Packed panel `[kc][NR]`.
+    b: *const f32,
+    /// y at the tile's top-left element; rows `ldc` apart.
+    c: *mut f32,
+    ldc: usize,
+    /// Columns of the tile that exist in y (the rest of the panel is zero padding).
+    nvalid: usize,
+    /// First k block: overwrite y instead of accumulating into it.
+    first: bool,
+    /// Bias at the tile's first column, or null when no bias is due (not the last k block).
+    bias: *const f32,
+}
+
+/// M x 16 register tile: y_tile (+)= x[M, kc] * panel[kc, 16] (+ bias).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn micro<const M: usize>(t: &Tile) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; M];
+    let mut b = t.b;
+    let mut a = t.a;
+    for _ in 0..t.kc {
+        let b0 = _mm256_loadu_ps(b);
+        let b1 = _mm256_loadu_ps(b.add(8));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let av = _mm256_broadcast_ss(&*a.add(r * t.lda));
+            acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
+            acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
+        }
+        b = b.add(NR);
+        a = a.add(1);
+    }
+    if t.nvalid == NR {
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let c = t.c.add(r * t.ldc);
+            if !t.first {
+                acc_r[0] = _mm256_add_ps(_mm256_loadu_ps(c), acc_r[0]);
+                acc_r[1] = _mm256_add_ps(_mm256_loadu_ps(c.add(8)), acc_r[1]);
+            }
+            if !t.bias.is_null() {
+                acc_r[0] = _mm256_add_ps(acc_r[0], _mm256_loadu_ps(t.bias));
+                acc_r[1] = _mm256_add_ps(acc_r[1], _mm256_loadu_ps(t.bias.add(8)));
+            }
+            _mm256_storeu_ps(c, acc_r[0]);
+            _mm256_storeu_ps(c.add(8), acc_r[1]);
+        }
+    } else {
+        // Edge tile: spill to a stack buffer and copy only the columns that exist, with the
+        // same (y + block) + bias order as the full tile.
+        let mut tmp = [0.0f32; NR];
+        for (r, acc_r) in acc.iter().enumerate() {
+            _mm256_storeu_ps(tmp.as_mut_ptr(), acc_r[0]);
+            _mm256_storeu_ps(tmp.as_mut_ptr().add(8), acc_r[1]);
+            let c = t.c.add(r * t.ldc);
+            for (col, &v) in tmp[..t.nvalid].iter().enumerate() {
+                let mut s = if t.first { v } else { *c.add(col) + v };
+                if !t.bias.is_null() {
+                    s += *t.bias.add(col);
+                }
+                *c.add(col) = s;
+            }
+        }
+    }
+}

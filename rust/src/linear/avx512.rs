@@ -1,0 +1,295 @@
+//! AVX-512 (F/BW/VL/DQ) + FMA tier of `linear` (512-bit vectors, 16 f32 lanes, masked tails).
+//!
+//! GEMV (up to GEMV_MAX_M x rows, memory-bound): each block of 8 weight rows is streamed once
+//! and widened in registers (bf16: zero-extend u16 -> u32, shift left 16), while up to 4 x
+//! rows reuse it; 8+ independent accumulators hide FMA latency; k tails use masked loads.
+//! GEMM (many x rows, compute-bound): BLIS-style. Weight panels of NR=32 columns are packed to
+//! f32 per KC-long k block; a 12x32 register tile (24 zmm accumulators) broadcasts x elements;
+//! edge columns use masked stores.
+//!
+//! Numerical contract: f32 FMA accumulation. GEMV: lane l of a vector sums kk % 16 == l
+//! (the masked tail lands in the low lanes), lanes are reduced as a tree, then the bias. GEMM:
+//! each KC block's sum is added to y in k order, then the bias once after the last block.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::pack_avx2::pack_panel;
+use super::{Problem, Weight};
+use crate::scratch::with_scratch;
+
+/// GEMM register tile: MR x rows by NR weight columns.
+pub const MR: usize = 12;
+pub const NR: usize = 32;
+/// Up to this many x rows use the GEMV path (measured crossover, see kernel_bench).
+pub const GEMV_MAX_M: usize = 16;
+/// k block: one packed panel (KC * NR * 4 = 32 KB) stays in L1 while all row tiles use it.
+const KC: usize = 256;
+/// Row block (multiple of MR): its x slice (MC * KC * 4 = 96 KB) stays in L2.
+const MC: usize = 96;
+/// Column block (multiple of NR): the packed weights (KC * NC * 4 = 512 KB) stay in L2.
+const NC: usize = 512;
+
+/// Fills y[rows x cols] with the GEMV loop.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and FMA. `p` must satisfy the `linear` length
+/// contract (x: m*k, w: n*k, bias: n, y points at m*n f32s), `rows`/`cols` must lie within
+/// m/n, and no other thread may access the tile of y concurrently.
+pub unsafe fn gemv(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
+    debug_assert!(rows.end <= p.m && cols.end <= p.n, "tile outside y");
+    match p.w {
+        Weight::Bf16(w) => gemv_impl::<true>(p, w.as_ptr().cast(), rows, cols),
+        Weight::F32(w) => gemv_impl::<false>(p, w.as_ptr().cast(), rows, cols),
+    }
+}
+
+/// `w` is the weight base pointer; `BF16` selects how it is read.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+unsafe fn gemv_impl<const BF16: bool>(
+    p: &Problem<'_>,
+    w: *const u8,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) {
+    // Weight rows are taken 8 at a time; all x-row groups run over the block before moving on,
+    // so the block (8 * k elements) is fetched from memory once and re-read from L1/L2.
+    const JB: usize = 8;
+    let mut j = cols.start;
+    while j < cols.end {
+        let jb = JB.min(cols.end - j);
+        let mut i = rows.start;
+        while i < rows.end {
+            let g = (rows.end - i).min(4);
+            if jb == JB {
+                // Tile shapes keep R*G <= 24 accumulators within 32 zmm registers.
+                match g {
+                    1 => tile::<BF16, 8, 1>(p, w, i, j),
+                    2 => tile::<BF16, 8, 2>(p, w, i, j),
+                    3 => tile::<BF16, 8, 3>(p, w, i, j),
+                    _ => {
+                        tile::<BF16, 4, 4>(p, w, i, j);
+                        tile::<BF16, 4, 4>(p, w, i, j + 4);
+                    }
+                }
+            } else {
+                for jj in j..j + jb {
+                    match g {
+                        1 => tile::<BF16, 1, 1>(p, w, i, jj),
+                        2 => tile::<BF16, 1, 2>(p, w, i, jj),
+                        3 => tile::<BF16, 1, 3>(p, w, i, jj),
+                        _ => tile::<BF16, 1, 4>(p, w, i, jj),
+                    }
+                }
+            }
+            i += g;
+        }
+        j += jb;
+    }
+}
+
+/// 16 weights starting at element `idx`, widened to f32; lanes outside `mask` are 0 and their
+/// memory is not touched.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+unsafe fn load_w16<const BF16: bool>(w: *const u8, idx: usize, mask: __mmask16) -> __m512 {
+    if BF16 {
+        let h = _mm256_maskz_loadu_epi16(mask, w.cast::<i16>().add(idx));
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    } else {
+        _mm512_maskz_loadu_ps(mask, w.cast::<f32>().add(idx))
+    }
+}
+
+/// y[i+g][j+r] = dot(x row i+g, w row j+r) + bias, for g < G, r < R.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+unsafe fn tile<const BF16: bool, const R: usize, const G: usize>(
+    p: &Problem<'_>,
+    w: *const u8,
+    i: usize,
+    j: usize,
+) {
+    let k = p.k;
+    let x = p.x.as_ptr().add(i * k);
+    let mut acc = [[_mm512_setzero_ps(); R]; G];
+    let k16 = k / 16 * 16;
+    let mut kk = 0;
+    while kk < k16 {
+        tile_step::<BF16, R, G>(&mut acc, x, k, w, j, kk, !0);
+        kk += 16;
+    }
+    if k16 < k {
+        tile_step::<BF16, R, G>(&mut acc, x, k, w, j, k16, (1u16 << (k - k16)) - 1);
+    }
+    for (g, acc_g) in acc.iter().enumerate() {
+        for (r, &a) in acc_g.iter().enumerate() {
+            let mut s = _mm512_reduce_add_ps(a);
+            if let Some(b) = p.bias {
+                s += *b.get_unchecked(j + r);
+            }
+            *p.y.0.add((i + g) * p.n + j + r) = s;
+        }
+    }
+}
+
+/// acc[g][r] += x[g][kk..kk+16] * w[j+r][kk..kk+16] over the lanes in `mask`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+#[allow(clippy::needless_range_loop)] // acc[g][r] is a 2-D register tile
+unsafe fn tile_step<const BF16: bool, const R: usize, const G: usize>(
+    acc: &mut [[__m512; R]; G],
+    x: *const f32,
+    k: usize,
+    w: *const u8,
+    j: usize,
+    kk: usize,
+    mask: __mmask16,
+) {
+    let mut xv = [_mm512_setzero_ps(); G];
+    for (g, v) in xv.iter_mut().enumerate() {
+        *v = _mm512_maskz_loadu_ps(mask, x.add(g * k + kk));
+    }
+    for r in 0..R {
+        let wv = load_w16::<BF16>(w, (j + r) * k + kk, mask);
+        for g in 0..G {
+            acc[g][r] = _mm512_fmadd_ps(xv[g], wv, acc[g][r]);
+        }
+    }
+}
+
+/// Fills y[rows x cols] with the packed GEMM loop.
+///
+/// # Safety
+/// Same contract as [`gemv`].
+pub unsafe fn gemm(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
+    debug_assert!(rows.end <= p.m && cols.end <= p.n, "tile outside y");
+    let k = p.k;
+    let panel_cap = KC.min(k) * NR;
+    let buf_len = panel_cap * NC.min(cols.len()).div_ceil(NR);
+    with_scratch(buf_len, |buf| {
+        let mut jc = cols.start;
+        while jc < cols.end {
+            let nc = NC.min(cols.end - jc);
+            let panels = nc.div_ceil(NR);
+            let mut pc = 0;
+            while pc < k {
+                let kc = KC.min(k - pc);
+                for q in 0..panels {
+                    let j0 = jc + q * NR;
+                    let dst = &mut buf[q * kc * NR..(q + 1) * kc * NR];
+                    pack_panel(p.w, k, j0, NR.min(jc + nc - j0), pc, kc, NR, dst);
+                }
+                let first = pc == 0;
+                let last = pc + kc == k;
+                let mut ic = rows.start;
+                while ic < rows.end {
+                    let ie = rows.end.min(ic + MC);
+                    for q in 0..panels {
+                        let j0 = jc + q * NR;
+                        let nv = NR.min(jc + nc - j0);
+                        let b = buf.as_ptr().add(q * kc * NR);
+                        let bias = match p.bias {
+                            Some(bias) if last => bias.as_ptr().add(j0),
+                            _ => std::ptr::null(),
+                        };
+                        let mut ir = ic;
+                        while ir < ie {
+                            let mr = MR.min(ie - ir);
+                            let t = Tile {
+                                kc,
+                                a: p.x.as_ptr().add(ir * k + pc),
+                                lda: k,
+                                b,
+                                c: p.y.0.add(ir * p.n + j0),
+                                ldc: p.n,
+                                nvalid: nv,
+                                first,
+                                bias,
+                            };
+                            match mr {
+                                12 => micro::<12>(&t),
+                                11 => micro::<11>(&t),
+                                10 => micro::<10>(&t),
+                                9 => micro::<9>(&t),
+                                8 => micro::<8>(&t),
+                                7 => micro::<7>(&t),
+                                6 => micro::<6>(&t),
+                                5 => micro::<5>(&t),
+                                4 => micro::<4>(&t),
+                                3 => micro::<3>(&t),
+                                2 => micro::<2>(&t),
+                                _ => micro::<1>(&t),
+                            }
+                            ir += mr;
+                        }
+                    }
+                    ic = ie;
+                }
+                pc += kc;
+            }
+            jc += nc;
+        }
+    });
+}
+
+/// Operands of one microkernel call.
+struct Tile {
+    kc: usize,
+    /// x at (first row of the tile, first k of the block); rows `lda` apart.
+    a: *const f32,
+    lda: usize,
+    /// Packed panel `[kc][NR]`.
+    b: *const f32,
+    /// y at the tile's top-left element; rows `ldc` apart.
+    c: *mut f32,
+    ldc: usize,
+    /// Columns of the tile that exist in y (the rest of the panel is zero padding).
+    nvalid: usize,
+    /// First k block: overwrite y instead of accumulating into it.
+    first: bool,
+    /// Bias at the tile's first column, or null when no bias is due (not the last k block).
+    bias: *const f32,
+}
+
+/// M x 32 register tile: y_tile (+)= x[M, kc] * panel[kc, 32] (+ bias). Edge columns are
+/// handled with masked loads/stores, so memory past column `nvalid` is never touched.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+unsafe fn micro<const M: usize>(t: &Tile) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; M];
+    let mut b = t.b;
+    let mut a = t.a;
+    for _ in 0..t.kc {
+        let b0 = _mm512_loadu_ps(b);
+        let b1 = _mm512_loadu_ps(b.add(16));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(*a.add(r * t.lda));
+            acc_r[0] = _mm512_fmadd_ps(av, b0, acc_r[0]);
+            acc_r[1] = _mm512_fmadd_ps(av, b1, acc_r[1]);
+        }
+        b = b.add(NR);
+        a = a.add(1);
+    }
+    let valid = if t.nvalid >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << t.nvalid) - 1
+    };
+    let m0 = valid as __mmask16;
+    let m1 = (valid >> 16) as __mmask16;
+    for (r, acc_r) in acc.iter_mut().enumerate() {
+        let c = t.c.add(r * t.ldc);
+        if !t.first {
+            acc_r[0] = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, c), acc_r[0]);
+            acc_r[1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, c.add(16)), acc_r[1]);
+        }
+        if !t.bias.is_null() {
+            acc_r[0] = _mm512_add_ps(acc_r[0], _mm512_maskz_loadu_ps(m0, t.bias));
+            acc_r[1] = _mm512_add_ps(acc_r[1], _mm512_maskz_loadu_ps(m1, t.bias.add(16)));
+        }
+        _mm512_mask_storeu_ps(c, m0, acc_r[0]);
+        _mm512_mask_storeu_ps(c.add(16), m1, acc_r[1]);
+    }
+}

@@ -1,0 +1,109 @@
+//! Parallel-runner abstraction. Kernels describe their work as `n_tasks` independent closures;
+//! the runner decides where they run (the torch build plugs in torch's intra-op pool, Rust
+//! tests and benches use `Serial` or `ScopedThreads`).
+//!
+//! Contract: `run` returns only after every task has finished; a panic in a task propagates to
+//! the caller of `run`. Kernels never depend on which thread runs a task or in what order, so
+//! results are identical for every runner.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub trait Parallel: Sync {
+    /// How many tasks may usefully run at once (kernels size their split from this).
+    fn num_threads(&self) -> usize;
+    /// Runs f(i) for every i in 0..n_tasks, possibly concurrently; returns when all are done.
+    fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync));
+}
+
+/// Runs every task in order on the calling thread.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Serial;
+
+impl Parallel for Serial {
+    fn num_threads(&self) -> usize {
+        1
+    }
+    fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        (0..n_tasks).for_each(f);
+    }
+}
+
+/// Spawns `N - 1` scoped threads per `run` call (the caller is the N-th worker); tasks are
+/// handed out dynamically from a shared counter. Spawning costs tens of microseconds, so this is
+/// meant for tests and benches, not for production decode.
+#[derive(Clone, Copy, Debug)]
+pub struct ScopedThreads(pub usize);
+
+impl Parallel for ScopedThreads {
+    fn num_threads(&self) -> usize {
+        self.0.max(1)
+    }
+    fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        let workers = self.num_threads().min(n_tasks);
+        if workers <= 1 {
+            (0..n_tasks).for_each(f);
+            return;
+        }
+        let next = AtomicUsize::new(0);
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n_tasks {
+                break;
+            }
+            f(i);
+        };
+        // scope() joins every thread before returning and re-raises any worker panic.
+        std::thread::scope(|s| {
+            for _ in 1..workers {
+                s.spawn(work);
+            }
+            work();
+        });
+    }
+}
+
+/// Splits `0..n` into at most `parts` contiguous, non-empty, balanced ranges whose boundaries
+/// are multiples of `align` (only the final end may be unaligned, at `n`).
+pub fn chunk_ranges(n: usize, parts: usize, align: usize) -> Vec<Range<usize>> {
+    let align = align.max(1);
+    let units = n.div_ceil(align);
+    let parts = parts.clamp(1, units.max(1));
+    (0..parts)
+        .map(|p| {
+            let start = (p * units / parts * align).min(n);
+            let end = ((p + 1) * units / parts * align).min(n);
+            start..end
+        })
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+/// Runs `f` for every task, inline when there is only one (saves the runner's dispatch cost).
+pub(crate) fn run_tasks(par: &dyn Parallel, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+    match n_tasks {
+        0 => {}
+        1 => f(0),
+        _ => par.run(n_tasks, f),
+    }
+}
+
+/// A raw output pointer that tasks may share because each writes a disjoint set of elements.
+/// Whoever dereferences it must uphold that disjointness (stated at each use).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SyncPtr<T>(pub *mut T);
+
+impl<T> SyncPtr<T> {
+    /// The pointer. Use this inside closures: a method call captures the whole (Sync)
+    /// wrapper, whereas `.0` would capture the bare (non-Sync) pointer field.
+    #[inline]
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+// SAFETY: SyncPtr is only a pointer value; every write through it targets elements owned by
+// exactly one task (see the uses), and `run` joins all tasks before the borrow it came from ends.
+unsafe impl<T: Send> Send for SyncPtr<T> {}
+// SAFETY: as above; sharing the pointer value between threads is harmless by itself.
+unsafe impl<T: Send> Sync for SyncPtr<T> {}
