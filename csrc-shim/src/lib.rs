@@ -1,0 +1,16 @@
+//! The Rust half of the torch extension: C entry points (declared in `cpp/kwker_ffi.h`) that turn raw
+//! pointers into slices and call `kwker_kernels`.
+//!
+//! Contract: every entry point returns 0 on success, or non-zero with a message in `err`. Panics are
+//! caught here (`catch_unwind`) and reported as errors, so no Rust panic ever unwinds into C++.
+//! bf16 activations are widened to f32 before the kernel and the f32 result is rounded to bf16 once
+//! at the end, so a bf16 call equals the f32 computation on the same (bf16-valued) inputs.
+mod attention_ffi;
+mod config;
+mod error;
+mod linear_ffi;
+mod torch_pool;
+
+pub use attention_ffi::kwker_decode_attention;
+pub use config::{kwker_isa_name, kwker_num_threads, kwker_set_isa, kwker_set_num_threads};
+pub use linear_ffi::kwker_linear;
