@@ -1,0 +1,197 @@
+"""``install()``: put an unchanged Hugging Face model's linears and each new token's attention on the
+kwker ops; ``uninstall()`` restores stock behaviour.
+
+How it hooks in (no model argument needed; models loaded before or after are covered):
+  - ``torch.nn.Linear.forward`` is replaced by a forward that calls ``torch.ops.kwker.linear`` when the
+    call is one the op computes exactly like ``F.linear`` would (CPU, float32/bfloat16, one dtype for
+    input, weight and bias, no autograd needed); anything else runs the original forward.
+  - transformers' ``"sdpa"`` attention (the default implementation) is wrapped: attention of a few new
+    tokens against the cache with no mask to apply goes to ``torch.ops.kwker.decode_attention``; prompts,
+    padded batches, masks, sliding windows, soft-capping, sinks and dropout stay on torch.
+Every reason for leaving a call on torch is logged once (logger ``kwker_torch``).
+
+Numerics: the ops sum in float32 and round once to the input dtype, as torch's CPU kernels do, so the
+greedy tokens are the model's own (checked in tests on the real SmolLM2-135M).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _native  # noqa: F401  (registers the ops)
+
+log = logging.getLogger("kwker_torch")
+
+_FLOATS = (torch.float32, torch.bfloat16)
+# Longest query (new tokens per step) sent to the kwker attention; longer prompts stay on torch's
+# flash-style SDPA, which is the better kernel for T x S prefill.
+MAX_DECODE_TOKENS = 8
+
+_state: dict[str, Any] = {}
+_logged: set[str] = set()
+_counts = {"linear": 0, "linear_torch": 0, "attention": 0, "attention_torch": 0}
+
+
+def _log_once(reason: str) -> None:
+    if reason not in _logged:
+        _logged.add(reason)
+        log.info("kwker: left on torch: %s (logged once)", reason)
+
+
+def _linear_reason(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> str | None:
+    """Why kwker::linear cannot stand in for F.linear here, or None when it can."""
+    if x.device.type != "cpu" or w.device.type != "cpu":
+        return f"Linear on device {x.device}"
+    if x.dtype not in _FLOATS or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
+        return f"Linear with dtypes x={x.dtype}, weight={w.dtype}" + (f", bias={b.dtype}" if b is not None else "")
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+        return "Linear that needs gradients (kwker ops are inference-only)"
+    if type(w) is not torch.nn.Parameter and type(w) is not torch.Tensor:
+        return f"Linear with a {type(w).__name__} weight"
+    if x.dim() == 0:
+        return "Linear on a 0-d input"
+    return None
+
+
+def _linear_forward(self: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    reason = _linear_reason(input, self.weight, self.bias)
+    if reason is None:
+        _counts["linear"] += 1
+        return torch.ops.kwker.linear(input, self.weight, self.bias)
+    _log_once(reason)
+    _counts["linear_torch"] += 1
+    return _state["linear_forward"](self, input)
+
+
+def _attention_reason(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> str | None:
+    """Why kwker::decode_attention cannot stand in for transformers' sdpa here, or None when it can."""
+    if query.shape[2] > MAX_DECODE_TOKENS:
+        return "prompt"  # the expected case: not worth a log line
+    if query.device.type != "cpu" or query.dtype not in _FLOATS or key.dtype != query.dtype:
+        return f"attention on {query.device} with dtype {query.dtype}"
+    if attention_mask is not None and not _mask_is_all_visible(attention_mask, query.shape[2]):
+        return "attention with a mask (padding or a static cache)"
+    if dropout:
+        return "attention with dropout (training)"
+    for name in ("softcap", "sliding_window", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            if name == "sliding_window" and key.shape[2] <= kwargs[name]:
+                continue
+            return f"attention with {name}"
+    if kwargs.get("output_attentions"):
+        return "attention with output_attentions=True"
+    if not getattr(module, "is_causal", True) and query.shape[2] > 1:
+        return "non-causal attention"
+    return None
+
+
+_mask_cache: dict[str, Any] = {"mask": None, "visible": False}
+
+
+def _mask_is_all_visible(mask: torch.Tensor, q_len: int) -> bool:
+    """True when a mask hides nothing a causal-from-the-end rule would not hide (one query token and an
+    all-visible row). The same mask object is passed to every layer of a forward: check it once."""
+    if mask is _mask_cache["mask"]:
+        return _mask_cache["visible"]
+    visible = False
+    if q_len == 1 and mask.dim() == 4 and mask.shape[2] == 1:
+        visible = bool(mask.all()) if mask.dtype == torch.bool else bool((mask == 0).all())
+    _mask_cache["mask"], _mask_cache["visible"] = mask, visible
+    return visible
+
+
+def _make_attention(original: Callable[..., Any]) -> Callable[..., Any]:
+    def kwker_sdpa_attention_forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        is_causal: bool | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        reason = _attention_reason(module, query, key, attention_mask, dropout, kwargs)
+        if reason is None and key.shape[2] >= query.shape[2]:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            _counts["attention"] += 1
+            out = torch.ops.kwker.decode_attention(query, key, value, float(scale))
+            return out.transpose(1, 2), None  # transformers expects [B, T, H, D]
+        if reason is not None and reason != "prompt":
+            _log_once(reason)
+        _counts["attention_torch"] += 1
+        return original(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+
+    kwker_sdpa_attention_forward.kwker_original = original  # type: ignore[attr-defined]
+    return kwker_sdpa_attention_forward
+
+
+def install(model: torch.nn.Module | None = None) -> None:
+    """Route linears and decode attention through the kwker ops, for every model in the process.
+
+    ``model`` is optional: when given, it is only checked for modules that will stay on torch (logged).
+    Calling ``install()`` twice is harmless.
+    """
+    if not _state:
+        _state["linear_forward"] = torch.nn.Linear.forward
+        torch.nn.Linear.forward = _linear_forward  # type: ignore[method-assign]
+        try:
+            from transformers.modeling_utils import AttentionInterface
+        except ImportError:  # transformers absent: only the linears are routed
+            log.info("kwker: transformers not found; only nn.Linear is routed to kwker")
+        else:
+            original = AttentionInterface._global_mapping["sdpa"]
+            _state["sdpa"] = original
+            AttentionInterface._global_mapping["sdpa"] = _make_attention(original)
+    if model is not None:
+        _report_model(model)
+
+
+def uninstall() -> None:
+    """Restore stock torch/transformers behaviour."""
+    if not _state:
+        return
+    torch.nn.Linear.forward = _state.pop("linear_forward")  # type: ignore[method-assign]
+    if "sdpa" in _state:
+        from transformers.modeling_utils import AttentionInterface
+
+        AttentionInterface._global_mapping["sdpa"] = _state.pop("sdpa")
+    _state.clear()
+    _mask_cache["mask"] = None
+
+
+def is_installed() -> bool:
+    return bool(_state)
+
+
+def stats() -> dict[str, int]:
+    """Calls routed to kwker and left on torch since the last ``reset_stats()``."""
+    return dict(_counts)
+
+
+def reset_stats() -> None:
+    for k in _counts:
+        _counts[k] = 0
+
+
+def _report_model(model: torch.nn.Module) -> None:
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl not in (None, "sdpa"):
+        _log_once(f"attention implementation {impl!r} (kwker hooks transformers' 'sdpa')")
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and mod.weight.dtype not in _FLOATS:
+            _log_once(f"Linear {name} with weight dtype {mod.weight.dtype}")
