@@ -1,0 +1,202 @@
+"""torch_ops.install() on unchanged Hugging Face code: the real SmolLM2-135M (exact greedy tokens) and
+random-initialised models with the exact layer shapes of other families (logits as close to a float32
+forward as torch's own bf16 forward is).
+
+Measured on the dev machine (printed with -s): kwker bf16 vs float32 max |logit error| is at the level
+of torch bf16's own (ratios ~0.5-1.2), see test_random_models_close_to_float32.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from transformers import AttentionInterface, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from kwker_torch import torch_ops
+from kwker_torch.models import chat_ids, random_model
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain to a child why the sky is blue.",
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of",
+]
+
+
+def greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **kw: object) -> torch.Tensor:
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, **kw)
+    return out[:, ids.shape[1] :]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_tokens_identical_on_real_smollm2(smollm2: tuple, prompt: str) -> None:
+    model, tok = smollm2
+    ids = chat_ids(tok, prompt)
+    expected = greedy(model, ids, 40)
+    torch_ops.install()
+    torch_ops.reset_stats()
+    got = greedy(model, ids, 40)
+    stats = torch_ops.stats()
+    torch_ops.uninstall()
+    assert torch.equal(got, expected), f"{tok.decode(got[0])!r} != {tok.decode(expected[0])!r}"
+    # Every linear (30 layers x 7 + lm_head) of every step, and attention of each generated token.
+    assert stats["linear"] == 40 * (30 * 7 + 1) and stats["linear_torch"] == 0
+    assert stats["attention"] == 39 * 30, stats
+
+
+@pytest.mark.slow
+def test_sampling_streamer_and_stopping_criteria(smollm2: tuple) -> None:
+    model, tok = smollm2
+    ids = chat_ids(tok, PROMPTS[1])
+
+    class Collect(BaseStreamer):
+        def __init__(self) -> None:
+            self.chunks: list[torch.Tensor] = []
+
+        def put(self, value: torch.Tensor) -> None:
+            self.chunks.append(value.reshape(-1))
+
+        def end(self) -> None:
+            self.ended = True
+
+    class StopAfter(StoppingCriteria):
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kw: object) -> torch.BoolTensor:
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= ids.shape[1] + 12, dtype=torch.bool)
+
+    def run() -> tuple[torch.Tensor, Collect]:
+        streamer = Collect()
+        torch.manual_seed(1234)
+        with torch.inference_mode():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                top_k=20,
+                temperature=0.8,
+                max_new_tokens=50,
+                streamer=streamer,
+                stopping_criteria=StoppingCriteriaList([StopAfter()]),
+            )
+        return out, streamer
+
+    expected, _ = run()
+    torch_ops.install()
+    got, streamer = run()
+    torch_ops.uninstall()
+    assert got.shape[1] == ids.shape[1] + 12  # the stopping criterion ended it
+    assert streamer.ended and torch.equal(torch.cat(streamer.chunks[1:]), got[0, ids.shape[1] :])
+    assert torch.equal(got, expected)  # same logits to the last bit here, so the same samples
+
+
+@pytest.mark.slow
+def test_padded_batch(smollm2: tuple) -> None:
+    model, tok = smollm2
+    tok.padding_side = "left"
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        for p in PROMPTS[:3]
+    ]
+    batch = tok(texts, return_tensors="pt", padding=True)
+
+    def run() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.generate(**batch, max_new_tokens=16, do_sample=False)
+
+    expected = run()
+    torch_ops.install()
+    torch_ops.reset_stats()
+    got = run()
+    stats = torch_ops.stats()
+    torch_ops.uninstall()
+    assert torch.equal(got, expected)
+    assert stats["linear"] > 0 and stats["attention_torch"] > 0  # padded attention stays on torch
+
+
+def test_install_uninstall_restore_stock_behaviour() -> None:
+    stock_linear = torch.nn.Linear.forward
+    stock_sdpa = AttentionInterface._global_mapping["sdpa"]
+    torch_ops.install()
+    torch_ops.install()  # twice is harmless
+    assert torch.nn.Linear.forward is not stock_linear and torch_ops.is_installed()
+    assert AttentionInterface._global_mapping["sdpa"] is not stock_sdpa
+    torch_ops.uninstall()
+    assert torch.nn.Linear.forward is stock_linear and not torch_ops.is_installed()
+    assert AttentionInterface._global_mapping["sdpa"] is stock_sdpa
+
+
+def test_unsupported_linears_stay_on_torch_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    lin = torch.nn.Linear(8, 4).half()
+    x = torch.randn(2, 8).half()
+    expected = lin(x)
+    torch_ops.install()
+    torch_ops.reset_stats()
+    with caplog.at_level(logging.INFO, logger="kwker_torch"):
+        for _ in range(3):
+            torch.testing.assert_close(lin(x), expected)
+        trained = torch.nn.Linear(8, 4)
+        trained(torch.randn(2, 8)).sum().backward()  # needs gradients: torch does it
+    assert trained.weight.grad is not None
+    lines = [r.getMessage() for r in caplog.records if "left on torch" in r.getMessage()]
+    assert sum("float16" in m for m in lines) == 1, lines
+    assert sum("gradients" in m for m in lines) == 1, lines
+    assert torch_ops.stats()["linear"] == 0 and torch_ops.stats()["linear_torch"] == 4
+
+
+def _logits_per_step(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences, torch.stack(out.logits, 1).float()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name,layers", [("SmolLM2-360M", 4), ("Qwen2.5-0.5B", 3), ("Llama-3.2-1B", 2), ("Mistral-7B-v0.1", 1)]
+)
+def test_random_models_close_to_float32(name: str, layers: int) -> None:
+    """Exact layer shapes of each family (fewer layers to keep the suite short); Qwen2 has q/k/v bias."""
+    model = random_model(name, torch.bfloat16, num_hidden_layers=layers)
+    ids = torch.randint(3, 1000, (1, 12), generator=torch.Generator().manual_seed(0))
+    n = 6
+    seq, torch_logits = _logits_per_step(model, ids, n)
+    torch_ops.install()
+    torch_ops.reset_stats()
+    kw_seq, kw_logits = _logits_per_step(model, ids, n)
+    stats = torch_ops.stats()
+    torch_ops.uninstall()
+    assert stats["attention"] == (n - 1) * layers and stats["linear_torch"] == 0
+    # float32 forward of the same (bf16-valued) weights over the torch-bf16 sequence.
+    ref_model = model.float()
+    with torch.inference_mode():
+        ref = ref_model(seq[:, :-1]).logits[:, ids.shape[1] - 1 :].float()
+    model.bfloat16()
+    steps = min(int((kw_seq == seq).all(0).long().cumprod(0).sum()) - ids.shape[1], n)  # identical-prefix steps
+    assert steps >= 1
+    err_kw = (kw_logits[:, :steps] - ref[:, :steps]).abs().max().item()
+    err_torch = (torch_logits[:, :steps] - ref[:, :steps]).abs().max().item()
+    scale = ref.abs().max().item()
+    print(f"{name}: max|logit err| kwker {err_kw:.4g}, torch bf16 {err_torch:.4g} (logits up to {scale:.3g})")
+    assert err_kw <= 1.5 * err_torch + 1e-3 * scale
+
+
+@pytest.mark.slow
+def test_gpt2_conv1d_model_still_works() -> None:
+    """GPT-2 uses Conv1D, not nn.Linear, except for lm_head: install() must not break it."""
+    model = random_model("GPT-2", torch.float32, num_hidden_layers=2)
+    ids = torch.randint(0, 1000, (1, 10), generator=torch.Generator().manual_seed(0))
+    expected = greedy(model, ids, 5)
+    torch_ops.install()
+    got = greedy(model, ids, 5)
+    torch_ops.uninstall()
+    assert torch.equal(got, expected)
