@@ -111,6 +111,22 @@ def smollm2_dir() -> str:
     return folder
 
 
+def _silence_gguf_progress() -> Any:
+    """Turns off the GGUF dequantizer's own tqdm bar (it ignores transformers' progress-bar switch);
+    returns the function that restores it. Harmless if transformers moves it."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return lambda: None
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        return lambda: None
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    return lambda: setattr(gguf_utils, "tqdm", original)
+
+
 def load_smollm2(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     """(model, tokenizer) of the real SmolLM2-135M-Instruct, dequantized to ``dtype``, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -120,6 +136,7 @@ def load_smollm2(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the GGUF loader's progress and dtype notes are noise here
     hf_logging.disable_progress_bar()
+    quiet = _silence_gguf_progress()
     try:
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
         model = AutoModelForCausalLM.from_pretrained(
@@ -128,6 +145,7 @@ def load_smollm2(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
+        quiet()
     model.eval()
     return model, tok
 

@@ -28,6 +28,13 @@ def smollm2() -> tuple[torch.nn.Module, object]:
     return load_smollm2(torch.bfloat16)
 
 
+@pytest.fixture(scope="session")
+def smollm2_f32() -> tuple[torch.nn.Module, object]:
+    from kwker_torch.models import load_smollm2
+
+    return load_smollm2(torch.float32)
+
+
 @pytest.fixture(autouse=True)
 def _never_leave_installed() -> Iterator[None]:
     yield

@@ -23,7 +23,12 @@ PROMPTS = [
     "Write a haiku about the sea.",
     "Explain to a child why the sky is blue.",
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of",
+    "Tell me about the history of Rome.",
+    "List three fruits and their colors.",
+    "What is 12 times 7?",
+    "Give me a tip for learning to cook.",
 ]
+NEW_TOKENS = 48
 
 
 def greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **kw: object) -> torch.Tensor:
@@ -32,26 +37,80 @@ def greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **kw: object) -> t
     return out[:, ids.shape[1] :]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_tokens_identical_on_real_smollm2(smollm2: tuple, prompt: str) -> None:
-    model, tok = smollm2
-    ids = chat_ids(tok, prompt)
-    expected = greedy(model, ids, 40)
-    torch_ops.install()
-    torch_ops.reset_stats()
-    got = greedy(model, ids, 40)
-    stats = torch_ops.stats()
-    torch_ops.uninstall()
-    assert torch.equal(got, expected), f"{tok.decode(got[0])!r} != {tok.decode(expected[0])!r}"
-    # Every linear (30 layers x 7 + lm_head) of every step, and attention of each generated token.
-    assert stats["linear"] == 40 * (30 * 7 + 1) and stats["linear_torch"] == 0
-    assert stats["attention"] == 39 * 30, stats
+def greedy_with_logits(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    return out.sequences[0, ids.shape[1] :], torch.stack(out.logits, 1)[0]
+
+
+def _check_routing(stats: dict[str, int], steps: int) -> None:
+    """Every linear (30 layers x 7 + lm_head) of every step, and the attention of each generated token
+    after the first (which comes from the prompt's forward)."""
+    assert stats["linear"] == steps * (30 * 7 + 1) and stats["linear_torch"] == 0, stats
+    assert stats["attention"] == (steps - 1) * 30, stats
 
 
 @pytest.mark.slow
-def test_sampling_streamer_and_stopping_criteria(smollm2: tuple) -> None:
+def test_greedy_tokens_identical_on_real_smollm2_float32(smollm2_f32: tuple) -> None:
+    """float32 model: identical greedy tokens on every prompt (max_new_tokens=48, stops at EOS)."""
+    model, tok = smollm2_f32
+    for prompt in PROMPTS:
+        ids = chat_ids(tok, prompt)
+        expected = greedy(model, ids, NEW_TOKENS)
+        torch_ops.install()
+        torch_ops.reset_stats()
+        got = greedy(model, ids, NEW_TOKENS)
+        stats = torch_ops.stats()
+        torch_ops.uninstall()
+        assert torch.equal(got, expected), f"{prompt!r}: {tok.decode(got[0])!r} != {tok.decode(expected[0])!r}"
+        _check_routing(stats, got.shape[1])
+
+
+@pytest.mark.slow
+def test_greedy_tokens_bf16_identical_up_to_ties_in_the_models_own_logits(smollm2: tuple) -> None:
+    """bfloat16 model: the tokens equal torch's own, except after a step where torch's bf16 logits
+    themselves tie (top two within one bf16 ulp, e.g. both 16.25): there the tie is decided by the last
+    bit of a sum, which differs with any change of summation order (oneDNN's order is not ours, and
+    differs between CPUs). Measured here: 2 of 8 prompts identical to the end; the other 6 diverge only
+    at such ties, after 6 to 24 identical tokens; each step's kwker token is one of torch's tied tops."""
     model, tok = smollm2
+    identical = 0
+    for prompt in PROMPTS:
+        ids = chat_ids(tok, prompt)
+        expected, logits = greedy_with_logits(model, ids, NEW_TOKENS)
+        torch_ops.install()
+        torch_ops.reset_stats()
+        got = greedy(model, ids, NEW_TOKENS)[0]
+        stats = torch_ops.stats()
+        torch_ops.uninstall()
+        _check_routing(stats, got.shape[0])
+        n = min(len(got), len(expected))
+        same = got[:n] == expected[:n]
+        if bool(same.all()) and len(got) == len(expected):
+            identical += 1
+            continue
+        step = int((~same).nonzero()[0, 0]) if not bool(same.all()) else n
+        step_logits = logits[step].float()
+        top = step_logits.max()
+        ulp = 2.0 ** (torch.floor(torch.log2(top.abs())) - 7)  # one bf16 ulp at the top logit
+        assert step_logits[got[step]] >= top - ulp, (
+            f"{prompt!r}: diverged at token {step} where torch's logits do not tie "
+            f"(kwker's token scores {step_logits[got[step]]:.4f}, torch's top {top:.4f}, one ulp {ulp:.4f})"
+        )
+    print(f"bf16: {identical}/{len(PROMPTS)} prompts identical to the end; the rest diverge at bf16 logit ties")
+
+
+@pytest.mark.slow
+def test_sampling_streamer_and_stopping_criteria(smollm2_f32: tuple) -> None:
+    """float32 model, so that the logits agree closely enough for the same seed to draw the same tokens."""
+    model, tok = smollm2_f32
     ids = chat_ids(tok, PROMPTS[1])
 
     class Collect(BaseStreamer):
@@ -90,12 +149,12 @@ def test_sampling_streamer_and_stopping_criteria(smollm2: tuple) -> None:
     torch_ops.uninstall()
     assert got.shape[1] == ids.shape[1] + 12  # the stopping criterion ended it
     assert streamer.ended and torch.equal(torch.cat(streamer.chunks[1:]), got[0, ids.shape[1] :])
-    assert torch.equal(got, expected)  # same logits to the last bit here, so the same samples
+    assert torch.equal(got, expected)
 
 
 @pytest.mark.slow
-def test_padded_batch(smollm2: tuple) -> None:
-    model, tok = smollm2
+def test_padded_batch(smollm2_f32: tuple) -> None:
+    model, tok = smollm2_f32
     tok.padding_side = "left"
     texts = [
         tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)

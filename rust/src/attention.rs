@@ -8,7 +8,9 @@
 //! (query t of T sees keys 0..=S-T+t). Inputs are widened to f32 in small row chunks (the cache
 //! is never copied whole); scores, the max-subtracted softmax and all sums are f32; split key
 //! ranges are combined by rescaling with exp(range max - overall max); each output row is
-//! divided by its softmax denominator and converted to E once, at the end. The task split
+//! divided by its softmax denominator and converted to E once, at the end. For bf16 inputs the
+//! softmax numerators are rounded to bf16 before they weight V (the denominator is their f32
+//! sum), matching torch's CPU scaled_dot_product_attention for bf16. The task split
 //! depends only on the shapes' key ranges, so results do not depend on the runner. Tiers differ
 //! only in summation order and in the exp implementation (SIMD tiers use a polynomial exp
 //! accurate to a few ulp).

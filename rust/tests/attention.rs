@@ -5,8 +5,10 @@
 //! Tolerances. Inputs are in [-1, 1) and scale = 1/sqrt(D), so scores are O(1) and outputs are
 //! convex combinations of V rows (|out| <= 1). f32 outputs: rounding-order and exp differences
 //! are ~1e-6; we allow 2e-5 absolute. bf16 outputs: both sides are rounded to bf16, which may
-//! differ by one bf16 ulp when an f32 value sits on a rounding boundary, so we allow
-//! 2^-7 * |value| + 2e-5 (one ulp plus the f32 tolerance).
+//! differ by one bf16 ulp when an f32 value sits on a rounding boundary; and the kernel rounds
+//! the softmax numerators to bf16 before P·V (as torch does for bf16), a relative error of at
+//! most 2^-9 per weight, so at most 2^-9 * max|v| = 2^-9 on the output. We allow
+//! 2^-7 * |value| + 2^-9 + 2e-5.
 
 mod common;
 
@@ -167,7 +169,7 @@ impl<E: Element> Case<E> {
 fn tolerance<E: Element>(value: f64) -> f64 {
     let bf16 = std::mem::size_of::<E>() == 2;
     if bf16 {
-        value.abs() / 128.0 + 2e-5
+        value.abs() / 128.0 + 1.0 / 512.0 + 2e-5
     } else {
         2e-5
     }
