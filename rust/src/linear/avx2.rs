@@ -195,6 +195,7 @@ unsafe fn tile<const BF16: bool, const R: usize, const G: usize>(
             v[1] = _mm256_loadu_ps(x.add(g * k + kk + 8));
         }
         for r in 0..R {
+            prefetch_ahead::<BF16>(w, (j + r + PREFETCH_ROWS) * k + kk);
             let (w0, w1) = if BF16 {
                 let raw = _mm256_loadu_si256(w.cast::<u16>().add((j + r) * k + kk).cast());
                 (
@@ -239,6 +240,20 @@ unsafe fn tile<const BF16: bool, const R: usize, const G: usize>(
             *p.y.0.add((i + g) * p.n + j + r) = s;
         }
     }
+}
+
+/// Weight rows ahead of the current tile that the GEMV prefetches: two 8-row tiles, ~18 KB at
+/// K=576 bf16. The hardware prefetcher alone left a cold (DRAM-resident) GEMV at about half of
+/// the machine's bandwidth; a software prefetch keeps enough lines in flight.
+pub(super) const PREFETCH_ROWS: usize = 16;
+
+/// Asks for the cache line holding weight element `idx` (which may lie past the end of the
+/// weights: prefetching never faults, and the address is formed with wrapping arithmetic).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) unsafe fn prefetch_ahead<const BF16: bool>(w: *const u8, idx: usize) {
+    let bytes = idx * if BF16 { 2 } else { 4 };
+    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(bytes).cast::<i8>());
 }
 
 /// Fills y[rows x cols] with the packed GEMM loop.

@@ -14,6 +14,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx2::{prefetch_ahead, PREFETCH_ROWS};
 use super::pack_avx2::pack_panel;
 use super::{Problem, Weight};
 use crate::scratch::with_scratch;
@@ -152,6 +153,7 @@ unsafe fn tile_step<const BF16: bool, const R: usize, const G: usize>(
         *v = _mm512_maskz_loadu_ps(mask, x.add(g * k + kk));
     }
     for r in 0..R {
+        prefetch_ahead::<BF16>(w, (j + r + PREFETCH_ROWS) * k + kk);
         let wv = load_w16::<BF16>(w, (j + r) * k + kk, mask);
         for g in 0..G {
             acc[g][r] = _mm512_fmadd_ps(xv[g], wv, acc[g][r]);
