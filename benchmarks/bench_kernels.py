@@ -1,6 +1,7 @@
 """Per-kernel benchmark: kwker ops against torch float32 and bfloat16 on the same shapes, interleaved.
 
 - GEMV (one row, decode): GB/s of weights read, against the STREAM-triad bandwidth measured here.
+  Every call reads a different copy of the weights (768 MB cycled), so they come from DRAM as in decode.
 - GEMM (M >= 128, prompt): GFLOP/s.
 - Decode attention: µs per call against torch's scaled_dot_product_attention (GQA).
 
@@ -23,21 +24,39 @@ GEMM = [(128, 576, 1536), (128, 1536, 576), (128, 960, 2560), (512, 896, 4864)] 
 ATTN = [(9, 3, 64, 128), (9, 3, 64, 1024), (14, 2, 64, 512), (32, 8, 128, 2048)]  # (Hq, Hkv, D, S)
 
 
+COLD_BYTES = 768 * 2**20  # each contender cycles through this much weight memory: larger than any cache
+
+
+def cycling(fn: object, weights: list[torch.Tensor], x: torch.Tensor) -> object:
+    """A call that uses the next weight copy each time, so weights come from DRAM as in a real decode
+    step (one pass over all layers), not from a cache warmed by the previous call."""
+    state = {"i": 0}
+
+    def call() -> torch.Tensor:
+        state["i"] = (state["i"] + 1) % len(weights)
+        return fn(x, weights[state["i"]])
+
+    return call
+
+
 def bench_gemv(rounds: int, triad: float) -> list[list[object]]:
     rows = []
     for n, k in GEMV:
-        w32 = torch.randn(n, k)
-        w16 = w32.bfloat16()
+        copies = max(1, COLD_BYTES // (n * k * 4))
+        w32 = [torch.randn(n, k) for _ in range(copies)]
+        w16 = [w.bfloat16() for w in w32]
         x32, x16 = torch.randn(1, k), torch.randn(1, k).bfloat16()
+        kw = torch.ops.kwker.linear
         t = interleaved(
             {
-                "kwker bf16": lambda: torch.ops.kwker.linear(x16, w16),
-                "kwker f32": lambda: torch.ops.kwker.linear(x32, w32),
-                "torch bf16": lambda: F.linear(x16, w16),
-                "torch f32": lambda: F.linear(x32, w32),
+                "kwker bf16": cycling(kw, w16, x16),
+                "kwker f32": cycling(kw, w32, x32),
+                "torch bf16": cycling(F.linear, w16, x16),
+                "torch f32": cycling(F.linear, w32, x32),
             },
             rounds,
         )
+        del w32, w16
         mb16, mb32 = n * k * 2 / 1e6, n * k * 4 / 1e6
         gbs = {key: (mb16 if "bf16" in key else mb32) / 1e3 / v for key, v in t.items()}
         rows.append(

@@ -247,13 +247,14 @@ unsafe fn tile<const BF16: bool, const R: usize, const G: usize>(
 /// the machine's bandwidth; a software prefetch keeps enough lines in flight.
 pub(super) const PREFETCH_ROWS: usize = 16;
 
-/// Asks for the cache line holding weight element `idx` (which may lie past the end of the
-/// weights: prefetching never faults, and the address is formed with wrapping arithmetic).
+/// Asks for the cache line holding weight element `idx` to be brought into L2 (T1: streamed
+/// weights are used once, so they need not displace x and the accumulators' lines in L1) ; it may lie past the end of the
+/// weights: prefetching never faults, and the address is formed with wrapping arithmetic.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 pub(super) unsafe fn prefetch_ahead<const BF16: bool>(w: *const u8, idx: usize) {
     let bytes = idx * if BF16 { 2 } else { 4 };
-    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(bytes).cast::<i8>());
+    _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(bytes).cast::<i8>());
 }
 
 /// Fills y[rows x cols] with the packed GEMM loop.
