@@ -248,8 +248,8 @@ unsafe fn tile<const BF16: bool, const R: usize, const G: usize>(
 pub(super) const PREFETCH_ROWS: usize = 16;
 
 /// Asks for the cache line holding weight element `idx` to be brought into L2 (T1: streamed
-/// weights are used once, so they need not displace x and the accumulators' lines in L1) ; it may lie past the end of the
-/// weights: prefetching never faults, and the address is formed with wrapping arithmetic.
+/// weights are used once, so they need not displace x's lines in L1). `idx` may lie past the
+/// end of the weights: prefetching never faults, and the address uses wrapping arithmetic.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 pub(super) unsafe fn prefetch_ahead<const BF16: bool>(w: *const u8, idx: usize) {
