@@ -16,7 +16,9 @@ greedy tokens are the model's own (checked in tests on the real SmolLM2-135M).
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +32,10 @@ _FLOATS = (torch.float32, torch.bfloat16)
 # Longest query (new tokens per step) sent to the kwker attention; longer prompts stay on torch's
 # flash-style SDPA, which is the better kernel for T x S prefill.
 MAX_DECODE_TOKENS = 8
+
+# bf16 linears with more rows than this go to torch when torch has AMX (oneDNN's AMX GEMM reaches
+# ~1.2-2 TFLOP/s here against ~250 GFLOP/s for kwker's AVX-512 GEMM); decode rows stay on kwker.
+AMX_MIN_ROWS = 16
 
 _state: dict[str, Any] = {}
 _logged: set[str] = set()
@@ -57,11 +63,23 @@ def _linear_reason(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> 
     return None
 
 
+def _below_autograd(op: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    """Calls ``op`` below the autograd key. Only for calls that need no gradient (the callers check):
+    it skips the op's Python autograd rule, ~5 µs a call under ``torch.no_grad()``. Under
+    ``torch.compile`` the call is traced plainly."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 def _linear_forward(self: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
     reason = _linear_reason(input, self.weight, self.bias)
+    if reason is None and input.dtype == torch.bfloat16 and prompt_on_torch(input.numel() // max(input.shape[-1], 1)):
+        reason = "bf16 prompt GEMMs on a CPU with AMX (torch's oneDNN AMX GEMM is faster than kwker's AVX-512 one)"
     if reason is None:
         _counts["linear"] += 1
-        return torch.ops.kwker.linear(input, self.weight, self.bias)
+        return _below_autograd(torch.ops.kwker.linear, input, self.weight, self.bias)
     _log_once(reason)
     _counts["linear_torch"] += 1
     return _state["linear_forward"](self, input)
@@ -84,6 +102,8 @@ def _attention_reason(
         return "attention with a mask (padding or a static cache)"
     if dropout:
         return "attention with dropout (training)"
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
+        return "attention that needs gradients (kwker ops are inference-only)"
     for name in ("softcap", "sliding_window", "s_aux", "position_bias"):
         if kwargs.get(name) is not None:
             if name == "sliding_window" and key.shape[2] <= kwargs[name]:
@@ -127,7 +147,7 @@ def _make_attention(original: Callable[..., Any]) -> Callable[..., Any]:
         if reason is None and key.shape[2] >= query.shape[2]:
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             _counts["attention"] += 1
-            out = torch.ops.kwker.decode_attention(query, key, value, float(scale))
+            out = _below_autograd(torch.ops.kwker.decode_attention, query, key, value, float(scale))
             return out.transpose(1, 2), None  # transformers expects [B, T, H, D]
         if reason is not None and reason != "prompt":
             _log_once(reason)
@@ -186,6 +206,20 @@ def stats() -> dict[str, int]:
 def reset_stats() -> None:
     for k in _counts:
         _counts[k] = 0
+
+
+@functools.cache
+def _torch_uses_amx() -> bool:
+    """Whether torch's bf16 GEMM runs on AMX tiles here (oneDNN; KWKER_PROMPT_ON_TORCH=0 disables)."""
+    if os.environ.get("KWKER_PROMPT_ON_TORCH", "1") == "0":
+        return False
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(amx and amx() and torch.backends.mkldnn.is_available())
+
+
+def prompt_on_torch(rows: int) -> bool:
+    """Whether install() leaves a bf16 linear over ``rows`` rows on torch (AMX CPUs, prompt-sized)."""
+    return rows > AMX_MIN_ROWS and _torch_uses_amx()
 
 
 def _report_model(model: torch.nn.Module) -> None:
