@@ -1,0 +1,175 @@
+"""``torch.compile(model, backend="kwker")``: an FX backend that puts a graph's linears on
+``kwker::linear`` (first step of the compile backend; attention and the native decode-step executor
+come next).
+
+What it does to the graph dynamo hands it (parameters arrive as placeholders whose example inputs are
+the real ``nn.Parameter`` objects):
+  1. ``fuse_linears``: linears that read the same input with known weights become one linear on the
+     concatenated weight, split afterwards (q/k/v, gate/up).
+  2. ``lower_linears``: every linear with a known weight becomes ``kwker::linear`` on a weight prepared
+     once: float32 weights whose values are all exactly bf16 (a bf16 checkpoint loaded as float32) are
+     stored as bf16 -- the same numbers in half the bytes -- other float32 weights stay float32.
+Numerics: identical products and float32 sums; the only change from the float32 model is the summation
+order. Weights are snapshots: if a parameter is modified in place later (its version counter moves),
+the graph is rebuilt on the next call. Graphs that need gradients are left to torch (eager FX), logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from . import _native  # noqa: F401  (registers the ops)
+
+log = logging.getLogger("kwker_torch")
+
+_LINEAR_TARGETS = {torch._C._nn.linear, torch.nn.functional.linear}
+
+
+def _is_linear(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in _LINEAR_TARGETS and not node.kwargs
+
+
+def _linear_args(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node | None]:
+    x, w = node.args[0], node.args[1]
+    b = node.args[2] if len(node.args) > 2 else None
+    return x, w, b  # type: ignore[return-value]
+
+
+def bf16_exact(w: torch.Tensor) -> bool:
+    """True when every value of a float32 tensor is exactly representable in bfloat16."""
+    return w.dtype == torch.float32 and torch.equal(w, w.to(torch.bfloat16).to(torch.float32))
+
+
+def prepared_weight(ws: list[torch.Tensor]) -> torch.Tensor:
+    """The (concatenated) weight a kwker linear reads: bf16 when every value is bf16, else as given."""
+    w = ws[0] if len(ws) == 1 else torch.cat(ws, 0)
+    w = w.detach()
+    if w.dtype == torch.float32 and bf16_exact(w):
+        return w.to(torch.bfloat16).contiguous()
+    return w.contiguous().clone() if len(ws) == 1 else w
+
+
+class _Lowering:
+    """Rewrites one GraphModule in place; ``params`` maps placeholder nodes to their real tensors."""
+
+    def __init__(self, gm: fx.GraphModule, params: dict[fx.Node, torch.Tensor]) -> None:
+        self.gm, self.params, self.count = gm, params, 0
+
+    def constant(self, t: torch.Tensor, hint: str) -> fx.Node:
+        name = f"_kwker_{hint}_{self.count}"
+        self.count += 1
+        self.gm.register_buffer(name, t)
+        return self.gm.graph.get_attr(name)
+
+    def known(self, node: fx.Node | None) -> bool:
+        return node is None or node in self.params
+
+    def fuse_linears(self) -> int:
+        """Predicate: >= 2 linears on the same input node, all with known weights (and biases) of one
+        dtype and K. Rewrite:
+
+            before:  q = linear(x, Wq); k = linear(x, Wk); v = linear(x, Wv)
+            after:   qkv = kwker.linear(x, cat[Wq; Wk; Wv], cat[bq; bk; bv])
+                     q, k, v = split(qkv, [Nq, Nk, Nv], dim=-1)
+
+        Missing biases of a group with some biases are zeros (adding 0.0 is exact). Returns the number
+        of fused groups."""
+        groups: dict[tuple[fx.Node, torch.dtype], list[fx.Node]] = {}
+        for node in self.gm.graph.nodes:
+            if _is_linear(node):
+                x, w, b = _linear_args(node)
+                if self.known(w) and self.known(b) and isinstance(x, fx.Node):
+                    groups.setdefault((x, self.params[w].dtype), []).append(node)
+        fused = 0
+        for (x, _), nodes in groups.items():
+            ks = {self.params[_linear_args(n)[1]].shape[1] for n in nodes}
+            if len(nodes) < 2 or len(ks) != 1:
+                continue
+            ws = [self.params[_linear_args(n)[1]] for n in nodes]
+            sizes = [w.shape[0] for w in ws]
+            biases = [_linear_args(n)[2] for n in nodes]
+            bias = None
+            if any(b is not None for b in biases):
+                parts = [
+                    self.params[b] if b is not None else torch.zeros(s, dtype=w.dtype)
+                    for b, s, w in zip(biases, sizes, ws, strict=True)
+                ]
+                bias = torch.cat([p.detach() for p in parts])
+            first = min(nodes, key=lambda n: list(self.gm.graph.nodes).index(n))
+            with self.gm.graph.inserting_before(first):
+                w_node = self.constant(prepared_weight(ws), "w")
+                b_node = self.constant(bias, "b") if bias is not None else None
+                out = self.gm.graph.call_function(torch.ops.kwker.linear.default, (x, w_node, b_node))
+                parts_node = self.gm.graph.call_function(torch.split, (out, sizes, -1))
+                for i, n in enumerate(nodes):
+                    item = self.gm.graph.call_function(operator.getitem, (parts_node, i))
+                    n.replace_all_uses_with(item)
+            for n in nodes:
+                self.gm.graph.erase_node(n)
+            fused += 1
+        return fused
+
+    def lower_linears(self) -> int:
+        """Every remaining linear with a known weight -> kwker.linear on its prepared weight."""
+        lowered = 0
+        for node in list(self.gm.graph.nodes):
+            if not _is_linear(node):
+                continue
+            x, w, b = _linear_args(node)
+            if not (self.known(w) and self.known(b)):
+                continue
+            with self.gm.graph.inserting_before(node):
+                w_node = self.constant(prepared_weight([self.params[w]]), "w")
+                b_node = self.constant(self.params[b].detach().clone(), "b") if b is not None else None
+                new = self.gm.graph.call_function(torch.ops.kwker.linear.default, (x, w_node, b_node))
+            node.replace_all_uses_with(new)
+            self.gm.graph.erase_node(node)
+            lowered += 1
+        return lowered
+
+
+def lower(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[int, int]:
+    """Applies the passes to ``gm`` in place; returns (fused groups, lowered single linears)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    params = {
+        n: t
+        for n, t in zip(placeholders, example_inputs, strict=False)
+        if isinstance(t, torch.nn.Parameter) and t.dtype in (torch.float32, torch.bfloat16) and t.device.type == "cpu"
+    }
+    pass_ = _Lowering(gm, params)
+    fused = pass_.fuse_linears()
+    lowered = pass_.lower_linears()
+    gm.graph.eliminate_dead_code()
+    gm.graph.lint()
+    gm.recompile()
+    return fused, lowered
+
+
+def kwker_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The ``backend="kwker"`` entry point (registered under ``torch_dynamo_backends``)."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
+        log.info("kwker backend: graph needs gradients; left to torch (kwker is inference-only)")
+        return gm.forward
+    pristine = fx.GraphModule(gm, gm.graph.__deepcopy__())  # to rebuild from if weights change
+    versions = [(i, t, t._version) for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
+    fused, lowered = lower(gm, example_inputs)
+    log.info("kwker backend: %d fused linear groups, %d single linears on kwker::linear", fused, lowered)
+    state = {"gm": gm}
+
+    def run(*args: Any) -> Any:
+        for i, t, v in versions:
+            if args[i] is not t or t._version != v:  # weights changed since the snapshot: rebuild
+                rebuilt = fx.GraphModule(pristine, pristine.graph.__deepcopy__())
+                lower(rebuilt, list(args))
+                versions[:] = [(j, a, a._version) for j, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
+                state["gm"] = rebuilt
+                break
+        return state["gm"](*args)
+
+    return run
