@@ -145,7 +145,7 @@ def lower(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[int, int]:
     pass_ = _Lowering(gm, params)
     fused = pass_.fuse_linears()
     lowered = pass_.lower_linears()
-    gm.graph.eliminate_dead_code()
+    # No eliminate_dead_code(): it would drop in-place cache writes (index_copy_) whose results are unused.
     gm.graph.lint()
     gm.recompile()
     return fused, lowered

@@ -89,3 +89,40 @@ def test_training_graph_is_left_to_torch() -> None:
     compiled = torch.compile(lin, backend="kwker")
     compiled(torch.randn(3, 8)).sum().backward()
     assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_generate_with_static_cache_matches_eager(smollm2_f32: tuple) -> None:
+    """HF generate() with a static KV cache, the decode graph compiled by backend="kwker" (both as
+    model.forward = torch.compile(...) and through CompileConfig): the model's own greedy tokens."""
+    from transformers import CompileConfig
+
+    from kwker_torch.models import chat_ids
+
+    model, tok = smollm2_f32
+    ids = chat_ids(tok, "Explain to a child why the sky is blue.")
+
+    def generate(**kw: object) -> torch.Tensor:
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=24,
+                do_sample=False,
+                cache_implementation="static",
+                **kw,
+            )
+        return out[0, ids.shape[1] :]
+
+    expected = generate()
+    original = model.forward
+    try:
+        torch._dynamo.reset()
+        model.forward = torch.compile(original, backend="kwker")
+        assert torch.equal(generate(), expected)
+        model.forward = original
+        torch._dynamo.reset()
+        assert torch.equal(generate(compile_config=CompileConfig(backend="kwker")), expected)
+    finally:
+        model.forward = original
+        torch._dynamo.reset()
