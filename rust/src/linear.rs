@@ -17,6 +17,8 @@ mod avx512;
 mod pack;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx2;
+#[cfg(target_arch = "x86_64")]
+mod packed_gemm;
 
 use std::ops::Range;
 

@@ -15,9 +15,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::{prefetch_ahead, PREFETCH_ROWS};
-use super::pack_avx2::pack_panel;
+use super::packed_gemm::{packed_gemm, Blocking, Tile};
 use super::{Problem, Weight};
-use crate::scratch::with_scratch;
 
 /// GEMM register tile: MR x rows by NR weight columns.
 pub const MR: usize = 12;
@@ -161,98 +160,41 @@ unsafe fn tile_step<const BF16: bool, const R: usize, const G: usize>(
     }
 }
 
-/// Fills y[rows x cols] with the packed GEMM loop.
+const BLOCKING: Blocking = Blocking {
+    mr: MR,
+    nr: NR,
+    kc: KC,
+    mc: MC,
+    nc: NC,
+};
+
+/// Fills y[rows x cols] with the shared packed GEMM loop and this tier's microkernel.
 ///
 /// # Safety
 /// Same contract as [`gemv`].
 pub unsafe fn gemm(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
-    debug_assert!(rows.end <= p.m && cols.end <= p.n, "tile outside y");
-    let k = p.k;
-    let panel_cap = KC.min(k) * NR;
-    let buf_len = panel_cap * NC.min(cols.len()).div_ceil(NR);
-    with_scratch(buf_len, |buf| {
-        let mut jc = cols.start;
-        while jc < cols.end {
-            let nc = NC.min(cols.end - jc);
-            let panels = nc.div_ceil(NR);
-            let mut pc = 0;
-            while pc < k {
-                let kc = KC.min(k - pc);
-                for q in 0..panels {
-                    let j0 = jc + q * NR;
-                    let dst = &mut buf[q * kc * NR..(q + 1) * kc * NR];
-                    pack_panel(p.w, k, j0, NR.min(jc + nc - j0), pc, kc, NR, dst);
-                }
-                let first = pc == 0;
-                let last = pc + kc == k;
-                let mut ic = rows.start;
-                while ic < rows.end {
-                    let ie = rows.end.min(ic + MC);
-                    for q in 0..panels {
-                        let j0 = jc + q * NR;
-                        let nv = NR.min(jc + nc - j0);
-                        let b = buf.as_ptr().add(q * kc * NR);
-                        let bias = match p.bias {
-                            Some(bias) if last => bias.as_ptr().add(j0),
-                            _ => std::ptr::null(),
-                        };
-                        let mut ir = ic;
-                        while ir < ie {
-                            let mr = MR.min(ie - ir);
-                            let t = Tile {
-                                kc,
-                                a: p.x.as_ptr().add(ir * k + pc),
-                                lda: k,
-                                b,
-                                c: p.y.0.add(ir * p.n + j0),
-                                ldc: p.n,
-                                nvalid: nv,
-                                first,
-                                bias,
-                            };
-                            match mr {
-                                12 => micro::<12>(&t),
-                                11 => micro::<11>(&t),
-                                10 => micro::<10>(&t),
-                                9 => micro::<9>(&t),
-                                8 => micro::<8>(&t),
-                                7 => micro::<7>(&t),
-                                6 => micro::<6>(&t),
-                                5 => micro::<5>(&t),
-                                4 => micro::<4>(&t),
-                                3 => micro::<3>(&t),
-                                2 => micro::<2>(&t),
-                                _ => micro::<1>(&t),
-                            }
-                            ir += mr;
-                        }
-                    }
-                    ic = ie;
-                }
-                pc += kc;
-            }
-            jc += nc;
-        }
-    });
+    packed_gemm(p, rows, cols, &BLOCKING, micro_rows);
 }
 
-/// Operands of one microkernel call.
-struct Tile {
-    kc: usize,
-    /// x at (first row of the tile, first k of the block); rows `lda` apart.
-    a: *const f32,
-    lda: usize,
-    /// Packed panel `[kc][NR]`.
-    b: *const f32,
-    /// y at the tile's top-left element; rows `ldc` apart.
-    c: *mut f32,
-    ldc: usize,
-    /// Columns of the tile that exist in y (the rest of the panel is zero padding).
-    nvalid: usize,
-    /// First k block: overwrite y instead of accumulating into it.
-    first: bool,
-    /// Bias at the tile's first column, or null when no bias is due (not the last k block).
-    bias: *const f32,
+/// The microkernel instance for a tile of `rows` (1..=MR) x rows.
+///
+/// # Safety
+/// As for `micro`.
+unsafe fn micro_rows(t: &Tile, rows: usize) {
+    match rows {
+        12 => micro::<12>(t),
+        11 => micro::<11>(t),
+        10 => micro::<10>(t),
+        9 => micro::<9>(t),
+        8 => micro::<8>(t),
+        7 => micro::<7>(t),
+        6 => micro::<6>(t),
+        5 => micro::<5>(t),
+        4 => micro::<4>(t),
+        3 => micro::<3>(t),
+        2 => micro::<2>(t),
+        _ => micro::<1>(t),
+    }
 }
 
 /// M x 32 register tile: y_tile (+)= x[M, kc] * panel[kc, 32] (+ bias). Edge columns are
