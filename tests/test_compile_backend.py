@@ -126,3 +126,45 @@ def test_generate_with_static_cache_matches_eager(smollm2_f32: tuple) -> None:
     finally:
         model.forward = original
         torch._dynamo.reset()
+
+
+def test_recompiles_stay_bounded_and_new_shapes_compile_cleanly() -> None:
+    """A 200-token static-cache generation compiles a bounded number of graphs (prefill and decode, plus
+    at most one dynamic-shape recompile), and a new batch size or cache length compiles and still
+    matches eager."""
+    model = random_model("SmolLM2-360M", torch.bfloat16, num_hidden_layers=1).float()
+    calls: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        calls.append(1)
+        return compile_backend.kwker_backend(gm, example_inputs)
+
+    def generate(ids: torch.Tensor, new: int, **kw: object) -> torch.Tensor:
+        with torch.no_grad():
+            return model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                cache_implementation="static",
+                **kw,
+            )
+
+    ids = torch.randint(3, 1000, (1, 8), generator=torch.Generator().manual_seed(1))
+    expected = generate(ids, 200)
+    original = model.forward
+    try:
+        torch._dynamo.reset()
+        model.forward = torch.compile(original, backend=backend)
+        assert torch.equal(generate(ids, 200), expected)
+        assert len(calls) <= 4, f"{len(calls)} graphs compiled for one 200-token generation"
+        before = len(calls)
+        batch = torch.randint(3, 1000, (2, 8), generator=torch.Generator().manual_seed(2))
+        got = generate(batch, 20)  # new batch size, and a shorter static cache (8 + 20 slots)
+        model.forward = original
+        assert torch.equal(got, generate(batch, 20))
+        assert len(calls) > before
+    finally:
+        model.forward = original
+        torch._dynamo.reset()
