@@ -10,8 +10,10 @@ the real ``nn.Parameter`` objects):
      once: float32 weights whose values are all exactly bf16 (a bf16 checkpoint loaded as float32) are
      stored as bf16 -- the same numbers in half the bytes -- other float32 weights stay float32.
 Numerics: identical products and float32 sums; the only change from the float32 model is the summation
-order. Weights are snapshots: if a parameter is modified in place later (its version counter moves),
-the graph is rebuilt on the next call. Graphs that need gradients are left to torch (eager FX), logged.
+order. Memory: fused groups and bf16 copies of float32 weights are new tensors held by the compiled graph
+(the model keeps its own); other weights are shared. Weights are snapshots: if a parameter is modified in
+place later (its version counter moves), the graph is rebuilt on the next call. Graphs that need
+gradients are left to torch (eager FX), logged.
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ def bf16_exact(w: torch.Tensor) -> bool:
 
 
 def prepared_weight(ws: list[torch.Tensor]) -> torch.Tensor:
-    """The (concatenated) weight a kwker linear reads: bf16 when every value is bf16, else as given."""
-    w = ws[0] if len(ws) == 1 else torch.cat(ws, 0)
-    w = w.detach()
+    """The (concatenated) weight a kwker linear reads: bf16 when every value is bf16, else as given.
+    A single weight already in its final dtype is shared with the model, not copied."""
+    w = (ws[0] if len(ws) == 1 else torch.cat(ws, 0)).detach()
     if w.dtype == torch.float32 and bf16_exact(w):
-        return w.to(torch.bfloat16).contiguous()
-    return w.contiguous().clone() if len(ws) == 1 else w
+        return w.to(torch.bfloat16)
+    return w.contiguous()
 
 
 class _Lowering:
