@@ -19,20 +19,12 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="kwker-
 import torch  # noqa: E402
 from common import machine, save, table  # noqa: E402
 
-from kwker_torch.models import load_smollm2, random_model  # noqa: E402
+from kwker_torch.models import generate_greedy, load_smollm2, random_model  # noqa: E402
 
 
 def generate(model: torch.nn.Module, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, float]:
     t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new,
-            min_new_tokens=new,
-            do_sample=False,
-            cache_implementation="static",
-        )
+    out = generate_greedy(model, ids, new, exact=True, inference=False, cache_implementation="static")
     return out[0, ids.shape[1] :], time.perf_counter() - t0
 
 

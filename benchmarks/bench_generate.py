@@ -23,7 +23,7 @@ from common import machine, save, stream_triad_gbs, table
 
 import kwker_torch
 from kwker_torch import torch_ops
-from kwker_torch.models import load_smollm2, random_model
+from kwker_torch.models import generate_greedy, load_smollm2, random_model
 
 TEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "text")
 
@@ -39,10 +39,7 @@ def prompt_ids(tok: object, n: int, text_path: str | None) -> torch.Tensor:
 
 def run_generate(model: torch.nn.Module, ids: torch.Tensor, new: int) -> float:
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False
-        )
+    generate_greedy(model, ids, new, exact=True)
     return time.perf_counter() - t0
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from . import isa, num_threads, torch_ops
-from .models import chat_ids, load_smollm2
+from .models import chat_ids, generate_greedy, load_smollm2
 
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -37,16 +37,7 @@ class Result:
 def _generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(new tokens, their logits, seconds) of a greedy generation of exactly ``new_tokens`` tokens."""
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+    out = generate_greedy(model, ids, new_tokens, exact=True, output_logits=True, return_dict_in_generate=True)
     dt = time.perf_counter() - t0
     return out.sequences[0, ids.shape[1] :], torch.stack(out.logits, 1)[0], dt
 

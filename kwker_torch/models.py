@@ -174,6 +174,23 @@ def random_model(
     return model.eval()
 
 
+def generate_greedy(
+    model: Any, ids: torch.Tensor, new_tokens: int, *, exact: bool = False, inference: bool = True, **kw: Any
+) -> Any:
+    """``model.generate()`` greedily from unpadded ``ids`` [B, T] (an all-ones attention mask).
+
+    ``exact`` makes it produce exactly ``new_tokens`` tokens (no stop at EOS), for timing; ``inference``
+    runs it under ``torch.inference_mode()`` (else ``torch.no_grad()``, which torch.compile'd forwards
+    with a static cache need). Extra keywords go to ``generate``; returns what it returns.
+    """
+    if exact:
+        kw["min_new_tokens"] = new_tokens
+    with torch.inference_mode() if inference else torch.no_grad():
+        return model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False, **kw
+        )
+
+
 def chat_ids(tok: Any, prompt: str) -> torch.Tensor:
     """Token ids [1, T] of ``prompt`` as a user turn of the model's chat template."""
     enc = tok.apply_chat_template(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kwker_torch import compile_backend
-from kwker_torch.models import random_model
+from kwker_torch.models import generate_greedy, random_model
 
 
 def compiled_graphs(model: torch.nn.Module, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.fx.GraphModule]]:
@@ -103,15 +103,7 @@ def test_generate_with_static_cache_matches_eager(smollm2_f32: tuple) -> None:
     ids = chat_ids(tok, "Explain to a child why the sky is blue.")
 
     def generate(**kw: object) -> torch.Tensor:
-        with torch.no_grad():
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=24,
-                do_sample=False,
-                cache_implementation="static",
-                **kw,
-            )
+        out = generate_greedy(model, ids, 24, inference=False, cache_implementation="static", **kw)
         return out[0, ids.shape[1] :]
 
     expected = generate()
@@ -139,17 +131,8 @@ def test_recompiles_stay_bounded_and_new_shapes_compile_cleanly() -> None:
         calls.append(1)
         return compile_backend.kwker_backend(gm, example_inputs)
 
-    def generate(ids: torch.Tensor, new: int, **kw: object) -> torch.Tensor:
-        with torch.no_grad():
-            return model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=False,
-                cache_implementation="static",
-                **kw,
-            )
+    def generate(ids: torch.Tensor, new: int) -> torch.Tensor:
+        return generate_greedy(model, ids, new, exact=True, inference=False, cache_implementation="static")
 
     ids = torch.randint(3, 1000, (1, 8), generator=torch.Generator().manual_seed(1))
     expected = generate(ids, 200)

@@ -16,7 +16,7 @@ from transformers import AttentionInterface, StoppingCriteria, StoppingCriteriaL
 from transformers.generation.streamers import BaseStreamer
 
 from kwker_torch import torch_ops
-from kwker_torch.models import chat_ids, random_model
+from kwker_torch.models import chat_ids, generate_greedy, random_model
 
 PROMPTS = [
     "What is the capital of France?",
@@ -32,21 +32,11 @@ NEW_TOKENS = 48
 
 
 def greedy(model: torch.nn.Module, ids: torch.Tensor, n: int, **kw: object) -> torch.Tensor:
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, **kw)
-    return out[:, ids.shape[1] :]
+    return generate_greedy(model, ids, n, **kw)[:, ids.shape[1] :]
 
 
 def greedy_with_logits(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+    out = generate_greedy(model, ids, n, output_logits=True, return_dict_in_generate=True)
     return out.sequences[0, ids.shape[1] :], torch.stack(out.logits, 1)[0]
 
 
