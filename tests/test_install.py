@@ -242,3 +242,17 @@ def test_gpt2_conv1d_model_still_works() -> None:
     got = greedy(model, ids, 5)
     torch_ops.uninstall()
     assert torch.equal(got, expected)
+
+
+def test_training_forward_stays_on_torch_and_backward_works() -> None:
+    """With gradients needed, install() routes nothing to kwker (inference-only ops) and training works."""
+    model = random_model("SmolLM2-360M", torch.float32, num_hidden_layers=1).train()
+    ids = torch.randint(3, 1000, (1, 6))
+    torch_ops.install()
+    torch_ops.reset_stats()
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    stats = torch_ops.stats()
+    torch_ops.uninstall()
+    assert stats["linear"] == 0 and stats["attention"] == 0 and stats["linear_torch"] == 8, stats
+    assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
