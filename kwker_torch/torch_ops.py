@@ -179,7 +179,6 @@ def _make_attention(original: Callable[..., Any]) -> Callable[..., Any]:
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
 
-    kwker_sdpa_attention_forward.kwker_original = original  # type: ignore[attr-defined]
     return kwker_sdpa_attention_forward
 
 
