@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ import torch
 import torch.fx as fx
 
 from . import _native  # noqa: F401  (registers the ops)
+from .executor import StepExecutor
 
 log = logging.getLogger("kwker_torch")
 
@@ -162,7 +164,8 @@ def kwker_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     versions = [(i, t, t._version) for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
     fused, lowered = lower(gm, example_inputs)
     log.info("kwker backend: %d fused linear groups, %d single linears on kwker::linear", fused, lowered)
-    state = {"gm": gm}
+    native = os.environ.get("KWKER_EXECUTOR", "1") != "0"
+    state: dict[str, Callable[..., Any]] = {"gm": StepExecutor(gm) if native else gm}
 
     def run(*args: Any) -> Any:
         for i, t, v in versions:
@@ -170,8 +173,9 @@ def kwker_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
                 rebuilt = fx.GraphModule(pristine, pristine.graph.__deepcopy__())
                 lower(rebuilt, list(args))
                 versions[:] = [(j, a, a._version) for j, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
-                state["gm"] = rebuilt
+                state["gm"] = StepExecutor(rebuilt) if native else rebuilt
                 break
         return state["gm"](*args)
 
+    run.kwker_state = state  # type: ignore[attr-defined]  # for tests and debugging: the current executor
     return run

@@ -177,7 +177,7 @@ def random_model(
 def generate_greedy(
     model: Any, ids: torch.Tensor, new_tokens: int, *, exact: bool = False, inference: bool = True, **kw: Any
 ) -> Any:
-    """``model.generate()`` greedily from unpadded ``ids`` [B, T] (an all-ones attention mask).
+    """``model.generate()`` greedily from ``ids`` [B, T] (an all-ones attention mask unless one is given).
 
     ``exact`` makes it produce exactly ``new_tokens`` tokens (no stop at EOS), for timing; ``inference``
     runs it under ``torch.inference_mode()`` (else ``torch.no_grad()``, which torch.compile'd forwards
@@ -185,10 +185,9 @@ def generate_greedy(
     """
     if exact:
         kw["min_new_tokens"] = new_tokens
+    kw.setdefault("attention_mask", torch.ones_like(ids))
     with torch.inference_mode() if inference else torch.no_grad():
-        return model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False, **kw
-        )
+        return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
 
 
 def chat_ids(tok: Any, prompt: str) -> torch.Tensor:

@@ -8,9 +8,11 @@
 mod attention_ffi;
 mod config;
 mod error;
+mod exec_ffi;
 mod linear_ffi;
 mod torch_pool;
 
 pub use attention_ffi::kwker_decode_attention;
 pub use config::{kwker_isa_name, kwker_num_threads, kwker_set_isa, kwker_set_num_threads};
+pub use exec_ffi::{kwker_plan_free, kwker_plan_new, kwker_plan_run};
 pub use linear_ffi::kwker_linear;

@@ -11,6 +11,7 @@
 
 pub mod attention;
 pub mod bf16;
+pub mod exec;
 pub mod isa;
 pub mod linear;
 pub mod par;
