@@ -1,6 +1,4 @@
-"""``torch.compile(model, backend="kwker")``: an FX backend that puts a graph's linears on
-``kwker::linear`` (first step of the compile backend; attention and the native decode-step executor
-come next).
+"""``torch.compile(model, backend="kwker")``: an FX backend for CPU inference of causal LMs.
 
 What it does to the graph dynamo hands it (parameters arrive as placeholders whose example inputs are
 the real ``nn.Parameter`` objects):
@@ -9,11 +7,17 @@ the real ``nn.Parameter`` objects):
   2. ``lower_linears``: every linear with a known weight becomes ``kwker::linear`` on a weight prepared
      once: float32 weights whose values are all exactly bf16 (a bf16 checkpoint loaded as float32) are
      stored as bf16 -- the same numbers in half the bytes -- other float32 weights stay float32.
+  3. The lowered graph runs on the native step executor (``executor.py``): per input-shape signature,
+     one traced run plans the whole graph as Rust instructions over preallocated buffers (the KV
+     cache's ``index_copy_`` writes straight into the cache), so a decode step is one call into Rust.
+     Ops the executor does not know run through torch between native programs. ``KWKER_EXECUTOR=0``
+     runs the lowered graph as FX instead.
 Numerics: identical products and float32 sums; the only change from the float32 model is the summation
-order. Memory: fused groups and bf16 copies of float32 weights are new tensors held by the compiled graph
-(the model keeps its own); other weights are shared. Weights are snapshots: if a parameter is modified in
-place later (its version counter moves), the graph is rebuilt on the next call. Graphs that need
-gradients are left to torch (eager FX), logged.
+order (and, in bf16 models, one rounding per op exactly where torch rounds). Memory: fused groups and
+bf16 copies of float32 weights are new tensors held by the compiled graph (the model keeps its own);
+other weights are shared. Weights are snapshots: if a parameter is modified in place later (its version
+counter moves), the graph is rebuilt on the next call. Graphs that need gradients are left to torch
+(eager FX), logged.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import math
 import operator
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +171,23 @@ class _Slot:
     base: int  # byte offset of the slot's start within its torch storage
     arg: int = -1
     tensor: torch.Tensor | None = None
+    at: int = 0  # arena slots: byte offset inside the shared arena buffer
+
+
+@dataclass(frozen=True)
+class _Dyn:
+    """A Python value that changes from call to call (an int graph input such as a sliding-window cache's
+    length, or arithmetic on it): recomputed every call, never baked into the plan."""
+
+    arg: int = -1  # graph argument index for a placeholder
+
+
+@dataclass
+class _PyStep:
+    """A node computing a Python value from _Dyn values, run every call."""
+
+    node: fx.Node
+    fn: Callable[..., Any]
 
 
 @dataclass
@@ -186,11 +204,13 @@ class _TorchStep:
 class _Planner(fx.Interpreter):
     """Runs the graph once in torch while writing the plan for it."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
+    def __init__(self, gm: fx.GraphModule, baked: set[int]) -> None:
         super().__init__(gm, garbage_collect_values=True)
+        self.baked = baked  # int inputs whose value is part of the plan's key (tensor sizes)
         self.slots: list[_Slot] = []
         self.desc: dict[fx.Node, Any] = {}  # Desc | tuple of Desc | python constant | _GQA
         self.steps: list[list[int] | _TorchStep] = []
+        self.py_steps: list[_PyStep] = []
         self.gqa: dict[fx.Node, Desc] = {}  # reshape(expand(cache)) nodes attention reads directly
         self.torch_ops: list[str] = []
         self.placeholder_index = 0
@@ -249,14 +269,17 @@ class _Planner(fx.Interpreter):
     def plan_node(self, n: fx.Node) -> Any:
         if n.op == "placeholder":
             value = super().run_node(n)
+            self.env[n] = value  # consumed from the arguments: never run twice
             i = self.placeholder_index
             self.placeholder_index += 1
             if isinstance(value, torch.Tensor):
                 if value.numel() == 0:
                     raise Unsupported("an empty input tensor")
                 self.desc[n] = self.root_desc(value, "input", i)
+            elif i in self.baked:
+                self.desc[n] = value  # a size: part of the plan's key
             else:
-                self.desc[n] = value  # a SymInt/int: part of the plan's key
+                self.desc[n] = _Dyn(i)  # another int input: read from the arguments on every call
             return value
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         result = super().run_node(n)
@@ -292,6 +315,13 @@ class _Planner(fx.Interpreter):
 
     def plan(self, n: fx.Node, args: tuple, kwargs: dict, result: Any) -> None:
         name = op_name(n)
+        if any(isinstance(self.desc.get(a), _Dyn) for a in n.all_input_nodes):
+            tensors = bool(self.inputs_of(n)) or isinstance(result, (torch.Tensor, tuple, list))
+            if tensors:
+                raise Unsupported(f"{n.format_node()} depends on a Python int input that can change every call")
+            self.py_steps.append(_PyStep(n, _callable(n)))  # reads no tensor: run before the rest
+            self.desc[n] = _Dyn()
+            return
         if n.target is torch._C._log_api_usage_once:
             self.desc[n] = None
             return
@@ -470,6 +500,8 @@ class _Planner(fx.Interpreter):
         if not isinstance(parts, (list, tuple)):
             return False
         descs = [self.desc.get(p) if isinstance(p, fx.Node) else None for p in parts]
+        # torch.cat skips empty inputs (even 1-D ones, e.g. a dynamic cache's initial torch.tensor([])).
+        descs = [d for d in descs if not (isinstance(d, Desc) and 0 in d.shape)]
         if not all(isinstance(d, Desc) and len(d.shape) == r.dim() for d in descs):
             return False
         if r.dtype not in (torch.float32, torch.bfloat16, torch.int64):
@@ -648,14 +680,15 @@ class Plan:
     """A planned step: native programs and torch steps over one table of buffers."""
 
     def __init__(self, planner: _Planner, gm: fx.GraphModule, args: Sequence[Any]) -> None:
-        arena = sum(s.nbytes for s in planner.slots if s.kind == "arena")
+        arena = _pack_arena(planner.slots, planner.desc, gm)
         if arena > MAX_ARENA_BYTES:
             raise Unsupported(f"{arena >> 20} MB of intermediate buffers")
         self.slots = planner.slots
         self.desc = planner.desc
+        self.arena = torch.empty(max(arena, 1), dtype=torch.uint8)
         for s in self.slots:
             if s.kind == "arena":
-                s.tensor = torch.empty(max(s.nbytes, 1), dtype=torch.uint8)
+                s.tensor = self.arena[s.at : s.at + s.nbytes]
         self.addrs = (ctypes.c_size_t * len(self.slots))()
         self.inputs: list[tuple[int, int]] = []  # (slot, arg index) refreshed every call
         for i, s in enumerate(self.slots):
@@ -669,7 +702,6 @@ class Plan:
                 self.addrs[i] = s.tensor.data_ptr()  # type: ignore[union-attr]
         sizes = (ctypes.c_uint64 * len(self.slots))(*[s.nbytes for s in self.slots])
         self.steps: list[Any] = []
-        self.native_instructions = 0
         err = ctypes.create_string_buffer(ERR_LEN)
         for step in planner.steps:
             if isinstance(step, list):
@@ -681,6 +713,8 @@ class Plan:
                 self.steps.append(_Handle(handle))
             else:
                 self.steps.append(step)
+        self.py_steps = planner.py_steps
+        self.native_calls = sum(isinstance(x, _Handle) for x in self.steps)  # Rust calls per step
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
         self.torch_ops = planner.torch_ops
         self.lock = threading.Lock()
@@ -697,15 +731,17 @@ class Plan:
             return a.as_strided(d.shape, d.stride, a.storage_offset() + d.offset // es)
         v = self._views.get(d)
         if v is None:
-            base = s.tensor[: s.nbytes].view(d.dtype) if s.kind == "arena" else s.tensor  # type: ignore[index]
-            off = d.offset // _esize(d.dtype) + (0 if s.kind == "arena" else base.storage_offset())  # type: ignore[union-attr]
+            base = s.tensor.view(d.dtype) if s.kind == "arena" else s.tensor  # type: ignore[union-attr]
+            off = base.storage_offset() + d.offset // _esize(d.dtype)  # type: ignore[union-attr]
             v = base.as_strided(d.shape, d.stride, off)  # type: ignore[union-attr]
             self._views[d] = v
         return v
 
-    def value(self, node_arg: Any, args: Sequence[Any]) -> Any:
+    def value(self, node_arg: Any, args: Sequence[Any], dyn: dict[fx.Node, Any]) -> Any:
         def get(n: fx.Node) -> Any:
             d = self.desc[n]
+            if isinstance(d, _Dyn):
+                return args[d.arg] if d.arg >= 0 else dyn[n]
             if isinstance(d, Desc):
                 return self.view(d, args)
             if isinstance(d, tuple):
@@ -720,25 +756,31 @@ class Plan:
             for slot, i in self.inputs:
                 addrs[slot] = args[i].data_ptr()
             n = len(self.slots)
+            dyn: dict[fx.Node, Any] = {}
+            for py in self.py_steps:
+                node = py.node
+                dyn[node] = py.fn(*self.value(node.args, args, dyn), **self.value(node.kwargs, args, dyn))
             for step in self.steps:
                 if isinstance(step, _Handle):
                     if _native.LIB.kwker_plan_run(step.ptr, addrs, n, self.err, ERR_LEN):
                         raise RuntimeError(f"kwker executor: {self.err.value.decode()}")
                 else:
-                    self.run_torch(step, args)
-            return self.outputs(args)
+                    self.run_torch(step, args, dyn)
+            return self.outputs(args, dyn)
 
-    def run_torch(self, step: _TorchStep, args: Sequence[Any]) -> None:
-        result = step.fn(*self.value(step.args, args), **self.value(step.kwargs, args))
+    def run_torch(self, step: _TorchStep, args: Sequence[Any], dyn: dict[fx.Node, Any]) -> None:
+        result = step.fn(*self.value(step.args, args, dyn), **self.value(step.kwargs, args, dyn))
         if step.outs is None:
             return
         results = result if isinstance(result, (tuple, list)) else [result]
         for d, t in zip(step.outs, results, strict=True):
             self.view(d, args).copy_(t)
 
-    def outputs(self, args: Sequence[Any]) -> Any:
+    def outputs(self, args: Sequence[Any], dyn: dict[fx.Node, Any]) -> Any:
         def get(n: fx.Node) -> Any:
             d = self.desc[n]
+            if isinstance(d, _Dyn):
+                return args[d.arg] if d.arg >= 0 else dyn[n]
             if isinstance(d, Desc):
                 s = self.slots[d.slot]
                 if s.kind == "input":
@@ -751,6 +793,59 @@ class Plan:
             return d
 
         return fx.node.map_aggregate(self.output.args[0], lambda a: get(a) if isinstance(a, fx.Node) else a)
+
+
+def _pack_arena(slots: list[_Slot], desc: dict[fx.Node, Any], gm: fx.GraphModule) -> int:
+    """Places every intermediate buffer in one arena, reusing the bytes of buffers no later node reads
+    (liveness over graph order: a buffer lives from the node that creates it to the last user of any
+    value stored in it, views and in-place results included; graph outputs live to the end). A node's
+    output never shares bytes with its inputs: it is placed before the inputs that die at it are freed.
+    Sets each arena slot's ``at``; returns the arena's size in bytes."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    end = len(order)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for n, d in desc.items():
+        for e in d if isinstance(d, tuple) else (d,):
+            if not isinstance(e, Desc) or slots[e.slot].kind != "arena":
+                continue
+            first[e.slot] = min(first.get(e.slot, end), order[n])
+            uses = [end if u.op == "output" else order[u] for u in n.users]
+            last[e.slot] = max([last.get(e.slot, order[n]), order[n], *uses])
+    for i, sl in enumerate(slots):  # a buffer no value refers to keeps its bytes for the whole step
+        if sl.kind == "arena" and i not in first:
+            first[i], last[i] = 0, end
+    align = 64
+    free: list[tuple[int, int]] = []  # (offset, size) holes, sorted by offset
+    top = 0
+    born: dict[int, list[int]] = {}
+    dies: dict[int, list[int]] = {}
+    for sl, f in first.items():
+        born.setdefault(f, []).append(sl)
+        dies.setdefault(last[sl], []).append(sl)
+    for pos in range(end + 1):
+        for sl in born.get(pos, []):
+            size = -(-max(slots[sl].nbytes, 1) // align) * align
+            hole = next((i for i, (_, sz) in enumerate(free) if sz >= size), None)
+            if hole is None:
+                slots[sl].at, top = top, top + size
+            else:
+                off, sz = free.pop(hole)
+                slots[sl].at = off
+                if sz > size:
+                    free.append((off + size, sz - size))
+        for sl in dies.get(pos, []):
+            size = -(-max(slots[sl].nbytes, 1) // align) * align
+            free.append((slots[sl].at, size))
+        free.sort()
+        merged: list[tuple[int, int]] = []
+        for off, sz in free:
+            if merged and merged[-1][0] + merged[-1][1] == off:
+                merged[-1] = (merged[-1][0], merged[-1][1] + sz)
+            else:
+                merged.append((off, sz))
+        free = merged
+    return top
 
 
 class _Handle:
@@ -781,51 +876,65 @@ _setup_ctypes()
 
 
 class StepExecutor:
-    """Runs a lowered GraphModule: planned natively per input-shape signature, else through FX."""
+    """Runs a lowered GraphModule: natively per input-shape signature once that signature repeats (a
+    decode step does, every token; a one-off prompt length does not and is not worth planning), else
+    through FX. At most MAX_PLANS signatures keep a plan (least recently used are dropped)."""
+
+    MAX_PLANS = 8
 
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.key_args = [i for i, n in enumerate(placeholders) if _symbolic(n)]
-        self.plans: dict[tuple, Plan | None] = {}
+        values = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
+        sizes = {str(d) for v in values if isinstance(v, torch.Tensor) for d in v.shape if not isinstance(d, int)}
+        # Keyed: tensors with symbolic sizes, and int inputs that are such sizes. Other int inputs (e.g. a
+        # sliding-window cache's length) are read per call; a plan never bakes them in.
+        self.key_args = [
+            i for i, v in enumerate(values)
+            if (isinstance(v, torch.Tensor) and any(not isinstance(d, int) for d in v.shape))
+            or (isinstance(v, torch.SymInt) and str(v) in sizes)
+        ]  # fmt: skip
+        self.plans: OrderedDict[tuple, Plan | None] = OrderedDict()
+        self.seen: set[tuple] = set()
         self.logged = False
 
     def key(self, args: Sequence[Any]) -> tuple:
         return tuple(tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in self.key_args)
 
     def __call__(self, *args: Any) -> Any:
-        key = self.key(args)
+        key = self.key(args) if self.key_args else ()
         plan = self.plans.get(key, False)
         if plan is False:
+            if key not in self.seen:  # first sighting: FX
+                self.seen.add(key)
+                return self.gm(*args)
             return self.plan_and_run(key, args)
+        if self.key_args:
+            self.plans.move_to_end(key)
         if plan is None:
             return self.gm(*args)
         return plan.run(args)  # type: ignore[union-attr]
 
     def plan_and_run(self, key: tuple, args: Sequence[Any]) -> Any:
-        planner = _Planner(self.gm)
+        planner = _Planner(self.gm, {i for i in self.key_args})
         with torch.no_grad():
             result = planner.run(*args)
         try:
             if planner.failed:
                 raise Unsupported(planner.failed)
-            plan = Plan(planner, self.gm, args)
+            plan: Plan | None = Plan(planner, self.gm, args)
         except Unsupported as e:
-            self.plans[key] = None
-            log.info("kwker backend: this graph runs through torch FX, not the native executor: %s", e)
-            return result
+            plan = None
+            if not self.logged:
+                self.logged = True
+                log.info("kwker backend: this graph runs through torch FX, not the native executor: %s", e)
         self.plans[key] = plan
-        if plan.torch_ops and not self.logged:
+        while len(self.plans) > self.MAX_PLANS:
+            self.plans.popitem(last=False)
+        if plan is not None and plan.torch_ops and not self.logged:
             self.logged = True
             log.info(
                 "kwker backend: %d graph op(s) run through torch inside the native step, e.g. %s",
                 len(plan.torch_ops), "; ".join(sorted(set(plan.torch_ops))[:5]),
             )  # fmt: skip
         return result
-
-
-def _symbolic(n: fx.Node) -> bool:
-    v = n.meta.get("example_value", n.meta.get("val"))
-    if isinstance(v, torch.Tensor):
-        return any(not isinstance(s, int) for s in v.shape)
-    return not isinstance(v, torch.Tensor)  # SymInt / int placeholders are part of the key
