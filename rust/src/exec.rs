@@ -187,8 +187,11 @@ impl Words<'_> {
         let offset = self.usize("offset")?;
         let dtype = DType::from_code(self.next()?)?;
         let nd = self.usize("ndim")?;
-        if nd > 16 {
-            return Err(format!("a view has {nd} dims; at most 16 are supported"));
+        if nd > view::MAX_DIMS {
+            return Err(format!(
+                "a view has {nd} dims; at most {} are supported",
+                view::MAX_DIMS
+            ));
         }
         let dims = (0..nd)
             .map(|_| self.usize("dim"))

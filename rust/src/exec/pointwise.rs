@@ -5,9 +5,9 @@
 //! Numerical contract, chosen to equal torch's CPU kernels: float ops compute in f32 on values
 //! widened exactly from their storage type and round once to the output type (torch does the
 //! same for bf16). Arithmetic (+ - * /, sqrt, rsqrt as 1/sqrt) is IEEE f32 and so bit-identical
-//! to torch; transcendental functions (exp, sin, cos, tanh, silu, sigmoid, pow) are evaluated in
-//! f64 and rounded, i.e. within 1 ulp of torch's SLEEF f32 versions. Sums accumulate in f32 over
-//! 16 interleaved lanes. Integer outputs (int64) compute in i64.
+//! to torch; exp, silu and sigmoid use torch's f32 formulas with libm's expf, and sin, cos, tanh
+//! and pow are evaluated in f64 and rounded: all within 1 ulp of torch's SLEEF f32 versions. Sums
+//! accumulate in f32 over 16 interleaved lanes. Integer outputs (int64) compute in i64.
 
 use super::view::{load_f32, load_i64, store_f32, store_i64, DType, Layout, View};
 
@@ -69,6 +69,12 @@ pub enum Operand {
     Scalar(f64),
 }
 
+/// Where one operand's chunk comes from.
+enum Src {
+    View(*mut u8, DType, usize),
+    Scalar(f64),
+}
+
 /// out = op(args...) elementwise.
 #[derive(Clone, Debug)]
 pub struct Ew {
@@ -79,8 +85,8 @@ pub struct Ew {
     integer: bool,
 }
 
-/// Rows are processed in chunks of this many elements (stack buffers).
-const CHUNK: usize = 512;
+/// Rows are processed in chunks of this many elements (stack buffers, zeroed per chunk: small).
+const CHUNK: usize = 256;
 
 impl Ew {
     pub fn new(op: EwOp, out: View, args: Vec<Operand>) -> Result<Ew, String> {
@@ -125,15 +131,16 @@ impl Ew {
         let ninner = self.layout.dims.len() - 1;
         // SAFETY: views are inside their slots (decode-time check, caller's contract).
         let out_ptr = unsafe { self.out.ptr(slots) };
-        let arg_ptrs: Vec<Option<*mut u8>> = self
-            .args
-            .iter()
-            .map(|a| match a {
+        // At most two operands (`new` checks the arity); a fixed array keeps the hot path free of
+        // allocations (a decode step runs ~2000 of these on vectors of a few hundred elements).
+        let mut arg_ptrs: [Option<*mut u8>; 2] = [None; 2];
+        for (p, a) in arg_ptrs.iter_mut().zip(&self.args) {
+            if let Operand::View(v) = a {
                 // SAFETY: as above.
-                Operand::View(v) => Some(unsafe { v.ptr(slots) }),
-                Operand::Scalar(_) => None,
-            })
-            .collect();
+                *p = Some(unsafe { v.ptr(slots) });
+            }
+        }
+        let arg_ptrs = &arg_ptrs[..self.args.len()];
         self.layout.for_each_row(|offs| {
             let mut start = 0;
             while start < inner {
@@ -141,14 +148,40 @@ impl Ew {
                 // SAFETY: row `offs` plus elements start..start+n stays inside every view.
                 unsafe {
                     if self.integer {
-                        self.chunk_i64(out_ptr, &arg_ptrs, offs, ninner, start, n)
+                        self.chunk_i64(out_ptr, arg_ptrs, offs, ninner, start, n)
                     } else {
-                        self.chunk_f32(out_ptr, &arg_ptrs, offs, ninner, start, n)
+                        self.chunk_f32(out_ptr, arg_ptrs, offs, ninner, start, n)
                     }
                 }
                 start += n;
             }
         });
+    }
+
+    /// Calls `f(i, src)` for operand i's chunk: its address, dtype and stride, or its scalar value.
+    fn each_operand(
+        &self,
+        arg_ptrs: &[Option<*mut u8>],
+        offs: &[usize],
+        last: usize,
+        start: usize,
+        mut f: impl FnMut(usize, Src),
+    ) {
+        let mut vi = 1; // offs[0] is the output
+        for (i, (a, p)) in self.args.iter().zip(arg_ptrs).enumerate() {
+            match (a, p) {
+                (Operand::View(v), Some(p)) => {
+                    let s = self.layout.strides[vi][last];
+                    f(
+                        i,
+                        Src::View(Self::addr(*p, v, offs[vi], s, start), v.dtype, s),
+                    );
+                    vi += 1;
+                }
+                (Operand::Scalar(x), _) => f(i, Src::Scalar(*x)),
+                _ => unreachable!("view operands always have a pointer"),
+            }
+        }
     }
 
     /// Byte address of element `start` of the row at element offset `off` in view `v`.
@@ -168,38 +201,12 @@ impl Ew {
         n: usize,
     ) {
         let mut bufs = [[0.0f32; CHUNK]; 2];
-        let mut scalars = [0.0f64; 2];
-        let mut is_scalar = [false; 2];
-        let mut vi = 1; // offs[0] is the output
-        for (i, (a, p)) in self.args.iter().zip(arg_ptrs).enumerate() {
-            match (a, p) {
-                (Operand::View(v), Some(p)) => {
-                    let s = self.layout.strides[vi][last];
-                    // SAFETY: in-range chunk of a checked view.
-                    unsafe {
-                        load_f32(
-                            Self::addr(*p, v, offs[vi], s, start),
-                            v.dtype,
-                            s,
-                            &mut bufs[i][..n],
-                        )
-                    };
-                    vi += 1;
-                }
-                (Operand::Scalar(x), _) => {
-                    scalars[i] = *x;
-                    is_scalar[i] = true;
-                }
-                _ => unreachable!(),
-            }
-        }
+        self.each_operand(arg_ptrs, offs, last, start, |i, src| match src {
+            // SAFETY: in-range chunk of a checked view.
+            Src::View(p, dt, s) => unsafe { load_f32(p, dt, s, &mut bufs[i][..n]) },
+            Src::Scalar(x) => bufs[i][..n].fill(x as f32),
+        });
         let [a, b] = &mut bufs;
-        if is_scalar[0] {
-            a[..n].fill(scalars[0] as f32);
-        }
-        if is_scalar[1] {
-            b[..n].fill(scalars[1] as f32);
-        }
         let (a, b) = (&mut a[..n], &b[..n]);
         let f64map = |a: &mut [f32], f: fn(f64) -> f64| {
             for x in a.iter_mut() {
@@ -225,11 +232,12 @@ impl Ew {
                 .iter_mut()
                 .zip(b)
                 .for_each(|(x, y)| *x = (*x as f64).powf(*y as f64) as f32),
-            EwOp::Silu => f64map(a, |x| x / (1.0 + (-x).exp())),
-            EwOp::Sigmoid => f64map(a, |x| 1.0 / (1.0 + (-x).exp())),
+            // torch's own f32 formulas; libm's expf is within an ulp like torch's SLEEF exp.
+            EwOp::Silu => a.iter_mut().for_each(|x| *x /= 1.0 + (-*x).exp()),
+            EwOp::Sigmoid => a.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())),
             EwOp::Cos => f64map(a, f64::cos),
             EwOp::Sin => f64map(a, f64::sin),
-            EwOp::Exp => f64map(a, f64::exp),
+            EwOp::Exp => a.iter_mut().for_each(|x| *x = x.exp()),
             EwOp::Tanh => f64map(a, f64::tanh),
             EwOp::GeluTanh => f64map(a, |x| {
                 const K: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
@@ -260,26 +268,11 @@ impl Ew {
         n: usize,
     ) {
         let mut bufs = [[0i64; CHUNK]; 2];
-        let mut vi = 1;
-        for (i, (a, p)) in self.args.iter().zip(arg_ptrs).enumerate() {
-            match (a, p) {
-                (Operand::View(v), Some(p)) => {
-                    let s = self.layout.strides[vi][last];
-                    // SAFETY: in-range chunk of a checked view.
-                    unsafe {
-                        load_i64(
-                            Self::addr(*p, v, offs[vi], s, start),
-                            v.dtype,
-                            s,
-                            &mut bufs[i][..n],
-                        )
-                    };
-                    vi += 1;
-                }
-                (Operand::Scalar(x), _) => bufs[i][..n].fill(*x as i64),
-                _ => unreachable!(),
-            }
-        }
+        self.each_operand(arg_ptrs, offs, last, start, |i, src| match src {
+            // SAFETY: in-range chunk of a checked view.
+            Src::View(p, dt, s) => unsafe { load_i64(p, dt, s, &mut bufs[i][..n]) },
+            Src::Scalar(x) => bufs[i][..n].fill(x as i64),
+        });
         let [a, b] = &mut bufs;
         let (a, b) = (&mut a[..n], &b[..n]);
         match self.op {

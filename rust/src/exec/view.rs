@@ -235,6 +235,11 @@ pub unsafe fn store_i64(p: *mut u8, dt: DType, stride: usize, src: &[i64]) {
     }
 }
 
+/// Most dims a view may have (the program decoder rejects more).
+pub const MAX_DIMS: usize = 16;
+/// Most views one layout walks together (output plus two operands).
+pub const MAX_VIEWS: usize = 4;
+
 /// Joint layout of several same-shaped views after dropping size-1 dims and merging dims that
 /// are contiguous in every view, so most pointwise work becomes one long row.
 #[derive(Clone, Debug)]
@@ -287,10 +292,17 @@ impl Layout {
             return;
         }
         let nv = self.strides.len();
-        let mut idx = vec![0usize; nd.saturating_sub(1)];
-        let mut off = vec![0usize; nv];
+        // Fixed-size state: views have at most MAX_DIMS dims (checked at decode) and instructions
+        // at most MAX_VIEWS views, so no allocation per call.
+        assert!(
+            nd <= MAX_DIMS && nv <= MAX_VIEWS,
+            "layout too large: {nd} dims, {nv} views"
+        );
+        let mut idx = [0usize; MAX_DIMS];
+        let mut off_buf = [0usize; MAX_VIEWS];
+        let off = &mut off_buf[..nv];
         loop {
-            f(&off);
+            f(off);
             // odometer over dims[..nd-1], innermost first
             let mut d = nd - 1;
             loop {
