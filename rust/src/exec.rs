@@ -1,13 +1,13 @@
 //! The step executor: runs a whole model step (e.g. one decode token of a compiled Hugging Face
 //! model) as a list of instructions over caller-owned buffers, in one call.
 //!
-//! The program is planned in Python (`kwker_torch/executor.py`) from one traced run of the graph
+//! The program is planned in Python (`kwker_torch/planner.py`) from one traced run of the graph
 //! and handed over as a flat list of i64 words; buffers are "slots" (graph inputs such as the KV
 //! cache, constants such as weights, and preallocated intermediates) whose base pointers the caller
 //! passes on every run. Every view is checked against its slot's size when the program is decoded,
 //! so a run only needs the caller's promise that each pointer covers the size declared for it.
 //!
-//! Word format (see `executor.py`, which writes it):
+//! Word format (see `kwker_torch/planner.py`, which writes it):
 //!   view    = slot, byte offset, dtype, ndim, dims[ndim], strides[ndim]
 //!   operand = 0, view | 1, f64 bits
 //!   1 EW      op, out view, n, operand * n

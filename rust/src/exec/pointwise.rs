@@ -11,7 +11,7 @@
 
 use super::view::{load_f32, load_i64, store_f32, store_i64, DType, Layout, View};
 
-/// Elementwise operations (codes match `kwker_torch/executor.py`).
+/// Elementwise operations (codes match `kwker_torch/planner.py`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EwOp {
     Copy,

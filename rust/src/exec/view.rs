@@ -8,7 +8,7 @@
 
 use crate::bf16::{bf16_to_f32, f32_to_bf16};
 
-/// Element types a view may hold (codes match `kwker_torch/executor.py`).
+/// Element types a view may hold (codes match `kwker_torch/planner.py`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
     F32,
