@@ -169,7 +169,11 @@ def kwker_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     fused, lowered = lower(gm, example_inputs)
     log.info("kwker backend: %d fused linear groups, %d single linears on kwker::linear", fused, lowered)
     native = os.environ.get("KWKER_EXECUTOR", "1") != "0"
-    state: dict[str, Callable[..., Any]] = {"gm": StepExecutor(gm) if native else gm}
+
+    def runner(g: fx.GraphModule) -> Callable[..., Any]:
+        return StepExecutor(g) if native else g
+
+    state: dict[str, Callable[..., Any]] = {"gm": runner(gm)}
 
     def run(*args: Any) -> Any:
         for i, t, v in versions:
@@ -177,7 +181,7 @@ def kwker_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
                 rebuilt = fx.GraphModule(pristine, pristine.graph.__deepcopy__())
                 lower(rebuilt, list(args))
                 versions[:] = [(j, a, a._version) for j, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
-                state["gm"] = StepExecutor(rebuilt) if native else rebuilt
+                state["gm"] = runner(rebuilt)
                 break
         return state["gm"](*args)
 

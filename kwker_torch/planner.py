@@ -193,7 +193,7 @@ class Planner(fx.Interpreter):
         super().__init__(gm, garbage_collect_values=True)
         self.baked = baked  # int inputs whose value is part of the plan's key (tensor sizes)
         self.slots: list[Slot] = []
-        self.desc: dict[fx.Node, Any] = {}  # Desc | tuple of Desc | python constant | _GQA
+        self.desc: dict[fx.Node, Any] = {}  # Desc | tuple of Desc | Dyn | Python constant | "gqa"
         self.steps: list[list[int] | TorchStep] = []
         self.py_steps: list[PyStep] = []
         self.gqa: dict[fx.Node, Desc] = {}  # reshape(expand(cache)) nodes attention reads directly
@@ -225,9 +225,8 @@ class Planner(fx.Interpreter):
         if r.dtype not in DTYPES:
             raise Unsupported(f"a view of dtype {r.dtype}")
         slot = self.slots[base.slot]
-        d = Desc(
-            base.slot, r.storage_offset() * r.element_size() - slot.base, r.dtype, tuple(r.shape), tuple(r.stride())
-        )
+        offset = r.storage_offset() * r.element_size() - slot.base
+        d = Desc(base.slot, offset, r.dtype, tuple(r.shape), tuple(r.stride()))
         if d.offset < 0 or d.end() > slot.nbytes:
             raise Unsupported("a view reaches outside the tensor it views")
         return d
@@ -377,20 +376,16 @@ class Planner(fx.Interpreter):
             self.desc[n] = alias
         else:
             self.desc[n] = result
-        done = False
-        if not isinstance(dst, Desc) or kwargs:
-            self.torch_steps_append(n, None)
-            return
-        if name in INPLACE and not kwargs and len(n.args) == 2:
-            done = self.emit_ew(INPLACE[name], dst, [dst, self.operand(n.args[1], args[1])])
-        elif name == "index_copy_" and not kwargs and len(n.args) == 4:
-            dim, index, src = args[1], self.desc.get(n.args[2]), self.desc.get(n.args[3])  # type: ignore[arg-type]
-            if isinstance(index, Desc) and isinstance(src, Desc) and index.dtype == torch.int64:
-                dim = dim % len(dst.shape)
-                self.emit([5, dim, *dst.words(), *index.words(), *src.words()])
-                done = True
-        if not done:
-            self.torch_steps_append(n, None)
+        if isinstance(dst, Desc) and not kwargs:
+            if name in INPLACE and len(n.args) == 2:
+                if self.emit_ew(INPLACE[name], dst, [dst, self.operand(n.args[1], args[1])]):
+                    return
+            elif name == "index_copy_" and len(n.args) == 4:
+                index, src = self.desc.get(n.args[2]), self.desc.get(n.args[3])  # type: ignore[arg-type]
+                if isinstance(index, Desc) and isinstance(src, Desc) and index.dtype == torch.int64:
+                    self.emit([5, args[1] % len(dst.shape), *dst.words(), *index.words(), *src.words()])
+                    return
+        self.torch_steps_append(n, None)
 
     def operand(self, node_arg: Any, value: Any) -> Desc | float:
         if isinstance(node_arg, fx.Node):
@@ -681,7 +676,10 @@ def pack_arena(slots: list[Slot], desc: dict[fx.Node, Any], gm: fx.GraphModule) 
     for i, sl in enumerate(slots):  # a buffer no value refers to keeps its bytes for the whole step
         if sl.kind == "arena" and i not in first:
             first[i], last[i] = 0, end
-    align = 64
+
+    def padded(sl: int) -> int:  # 64-byte aligned size of a slot
+        return -(-max(slots[sl].nbytes, 1) // 64) * 64
+
     free: list[tuple[int, int]] = []  # (offset, size) holes, sorted by offset
     top = 0
     born: dict[int, list[int]] = {}
@@ -691,7 +689,7 @@ def pack_arena(slots: list[Slot], desc: dict[fx.Node, Any], gm: fx.GraphModule) 
         dies.setdefault(last[sl], []).append(sl)
     for pos in range(end + 1):
         for sl in born.get(pos, []):
-            size = -(-max(slots[sl].nbytes, 1) // align) * align
+            size = padded(sl)
             hole = next((i for i, (_, sz) in enumerate(free) if sz >= size), None)
             if hole is None:
                 slots[sl].at, top = top, top + size
@@ -700,9 +698,10 @@ def pack_arena(slots: list[Slot], desc: dict[fx.Node, Any], gm: fx.GraphModule) 
                 slots[sl].at = off
                 if sz > size:
                     free.append((off + size, sz - size))
+        if pos not in born and pos not in dies:
+            continue  # the free list did not change
         for sl in dies.get(pos, []):
-            size = -(-max(slots[sl].nbytes, 1) // align) * align
-            free.append((slots[sl].at, size))
+            free.append((slots[sl].at, padded(sl)))
         free.sort()
         merged: list[tuple[int, int]] = []
         for off, sz in free:
