@@ -16,7 +16,9 @@ Numerics: identical products and float32 sums; the only change from the float32 
 order (and, in bf16 models, one rounding per op exactly where torch rounds). Memory: fused groups and
 bf16 copies of float32 weights are new tensors held by the compiled graph (the model keeps its own);
 other weights are shared. Weights are snapshots: if a parameter is modified in place later (its version
-counter moves), the graph is rebuilt on the next call. Graphs that need gradients are left to torch
+counter moves) or gets new storage (``p.data = ...``, ``module.to()``, ``load_state_dict(assign=True)``,
+``share_memory_()``), the graph is rebuilt on the next call; the executor also re-reads every input's
+address on every call, so nothing it reads can be freed memory. Graphs that need gradients are left to torch
 (eager FX), logged.
 """
 
@@ -25,7 +27,8 @@ from __future__ import annotations
 import logging
 import operator
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -159,13 +162,29 @@ def lower(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[int, int]:
     return fused, lowered
 
 
+def _snapshot(args: Sequence[Any]) -> list[tuple[int, torch.Tensor, int, int]]:
+    """What the prepared weights were made from: (argument index, parameter, version, data pointer)."""
+    return [(i, t, t._version, t.data_ptr()) for i, t in enumerate(args) if isinstance(t, torch.nn.Parameter)]
+
+
+def _changed(snapshot: list[tuple[int, torch.Tensor, int, int]], args: Sequence[Any]) -> bool:
+    """Whether any parameter is another object, was modified in place, or got new storage since the
+    snapshot (``p.data = ...``, ``module.to()`` with a copy, ``load_state_dict(assign=True)``,
+    ``share_memory_()``): the prepared weights would then be stale. ~0.3 us per parameter."""
+    for i, t, v, ptr in snapshot:
+        a = args[i]
+        if a is not t or a._version != v or a.data_ptr() != ptr:
+            return True
+    return False
+
+
 def kwker_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """The ``backend="kwker"`` entry point (registered under ``torch_dynamo_backends``)."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
         log.info("kwker backend: graph needs gradients; left to torch (kwker is inference-only)")
         return gm.forward
     pristine = fx.GraphModule(gm, gm.graph.__deepcopy__())  # to rebuild from if weights change
-    versions = [(i, t, t._version) for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)]
+    versions = _snapshot(example_inputs)
     fused, lowered = lower(gm, example_inputs)
     log.info("kwker backend: %d fused linear groups, %d single linears on kwker::linear", fused, lowered)
     native = os.environ.get("KWKER_EXECUTOR", "1") != "0"
@@ -173,17 +192,19 @@ def kwker_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     def runner(g: fx.GraphModule) -> Callable[..., Any]:
         return StepExecutor(g) if native else g
 
-    state: dict[str, Callable[..., Any]] = {"gm": runner(gm)}
+    state: dict[str, Any] = {"gm": runner(gm), "rebuilds": 0}
+    lock = threading.Lock()
 
     def run(*args: Any) -> Any:
-        for i, t, v in versions:
-            if args[i] is not t or t._version != v:  # weights changed since the snapshot: rebuild
+        with lock:  # several threads may call one compiled model; one of them rebuilds
+            if _changed(versions, args):
                 rebuilt = fx.GraphModule(pristine, pristine.graph.__deepcopy__())
                 lower(rebuilt, list(args))
-                versions[:] = [(j, a, a._version) for j, a in enumerate(args) if isinstance(a, torch.nn.Parameter)]
+                versions[:] = _snapshot(args)
                 state["gm"] = runner(rebuilt)
-                break
-        return state["gm"](*args)
+                state["rebuilds"] += 1
+            current = state["gm"]
+        return current(*args)
 
     run.kwker_state = state  # type: ignore[attr-defined]  # for tests and debugging: the current executor
     return run

@@ -48,14 +48,14 @@ class Plan:
             if s.kind == "arena":
                 s.tensor = self.arena[s.at : s.at + s.nbytes]
         self.addrs = (ctypes.c_size_t * len(self.slots))()
-        self.inputs: list[tuple[int, int]] = []  # (slot, arg index) refreshed every call
+        # Every input's address is refreshed on every call, parameters included: `p.data = ...`,
+        # `module.to()`, `load_state_dict(assign=True)` or `share_memory_()` give a parameter new storage,
+        # and an address kept from planning time would then point at freed memory. Sizes are checked too
+        # whenever an address changes (a plan's view offsets assume them).
+        self.inputs: list[tuple[int, int, int]] = []  # (slot, arg index, bytes the plan reads from data_ptr)
         for i, s in enumerate(self.slots):
             if s.kind == "input":
-                a = args[s.arg]
-                if isinstance(a, torch.nn.Parameter):  # fixed for the plan's life (the backend checks identity)
-                    self.addrs[i] = a.data_ptr()
-                else:
-                    self.inputs.append((i, s.arg))
+                self.inputs.append((i, s.arg, s.nbytes))
             else:
                 self.addrs[i] = s.tensor.data_ptr()  # type: ignore[union-attr]
         sizes = (ctypes.c_uint64 * len(self.slots))(*[s.nbytes for s in self.slots])
@@ -75,6 +75,8 @@ class Plan:
         self.native_calls = sum(isinstance(x, _Handle) for x in self.steps)  # Rust calls per step
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
         self.torch_ops = planner.torch_ops
+        self.masked_attention = planner.masked_attention  # attention instructions applying a mask
+        self.runs = 0  # native runs so far (tests prove the fast path ran with it)
         self.lock = threading.Lock()
         self.err = err
         self._views: dict[Desc, torch.Tensor] = {}
@@ -111,8 +113,18 @@ class Plan:
     def run(self, args: Sequence[Any]) -> Any:
         with self.lock:
             addrs = self.addrs
-            for slot, i in self.inputs:
-                addrs[slot] = args[i].data_ptr()
+            for slot, i, need in self.inputs:
+                a = args[i]
+                ptr = a.data_ptr()
+                if ptr != addrs[slot]:  # new storage (or the first call): check it covers what the plan reads
+                    if a.untyped_storage().nbytes() - a.storage_offset() * a.element_size() < need:
+                        raise RuntimeError(
+                            f"kwker executor: graph input {i} holds fewer bytes than its plan reads ({need}); "
+                            "its storage was replaced by a smaller one. Call torch._dynamo.reset() and compile "
+                            "again after changing the shapes of a model's tensors."
+                        )
+                    addrs[slot] = ptr  # descriptors' offsets are relative to the tensor's data_ptr
+            self.runs += 1
             n = len(self.slots)
             dyn: dict[fx.Node, Any] = {}
             for py in self.py_steps:
@@ -202,23 +214,29 @@ class StepExecutor:
         self.plans: OrderedDict[tuple, Plan | None] = OrderedDict()
         self.seen: set[tuple] = set()
         self.logged = False
+        self.lock = threading.Lock()
 
     def key(self, args: Sequence[Any]) -> tuple:
         return tuple(tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in self.key_args)
 
     def __call__(self, *args: Any) -> Any:
         key = self.key(args) if self.key_args else ()
-        plan = self.plans.get(key, False)
-        if plan is False:
-            if key not in self.seen:  # first sighting: FX
-                self.seen.add(key)
-                return self.gm(*args)
-            return self.plan_and_run(key, args)
-        if self.key_args:
-            self.plans.move_to_end(key)
+        # The LRU and the seen-set are shared by every thread calling this graph: one lock around the
+        # bookkeeping (and planning, rare) keeps a concurrent eviction from racing a lookup. Plans run
+        # outside it; each plan has its own lock (its arena is shared).
+        with self.lock:
+            plan = self.plans.get(key, False)
+            if plan is False:
+                if key not in self.seen:  # first sighting: FX
+                    self.seen.add(key)
+                    plan = None
+                else:
+                    return self.plan_and_run(key, args)
+            elif self.key_args:
+                self.plans.move_to_end(key)
         if plan is None:
             return self.gm(*args)
-        return plan.run(args)  # type: ignore[union-attr]
+        return plan.run(args)
 
     def plan_and_run(self, key: tuple, args: Sequence[Any]) -> Any:
         planner = Planner(self.gm, {i for i in self.key_args})

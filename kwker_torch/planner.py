@@ -198,6 +198,7 @@ class Planner(fx.Interpreter):
         self.py_steps: list[PyStep] = []
         self.gqa: dict[fx.Node, Desc] = {}  # reshape(expand(cache)) nodes attention reads directly
         self.torch_ops: list[str] = []
+        self.masked_attention = 0  # attention instructions that apply a mask (padded batches, static caches)
         self.placeholder_index = 0
         self.failed: str | None = None  # why the graph cannot be planned; the trace still completes
 
@@ -582,6 +583,7 @@ class Planner(fx.Interpreter):
         words = [4, *q.words(), *k.words(), *v.words(), int(mask is not None)]  # type: ignore[union-attr]
         if mask is not None:
             words += mask.words()
+            self.masked_attention += 1
         self.emit(words + [int(causal), _f64_word(scale), *out.words()])
         self.desc[n] = out
         return True
