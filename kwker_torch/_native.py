@@ -28,6 +28,8 @@ def _load() -> ctypes.CDLL:
     lib.kwker_isa_name.restype = ctypes.c_char_p
     lib.kwker_set_isa.argtypes = [ctypes.c_char_p]
     lib.kwker_set_isa.restype = ctypes.c_int32
+    lib.kwker_isa_supported.argtypes = [ctypes.c_char_p]
+    lib.kwker_isa_supported.restype = ctypes.c_int32
     lib.kwker_num_threads.restype = ctypes.c_size_t
     lib.kwker_set_num_threads.argtypes = [ctypes.c_size_t]
     return lib
@@ -51,11 +53,9 @@ def set_isa(name: str) -> None:
 
 
 def supported_isas() -> list[str]:
-    """Every tier this CPU can run, lowest first."""
-    current = isa()
-    found = [t for t in TIERS if LIB.kwker_set_isa(t.encode()) == 0]
-    LIB.kwker_set_isa(current.encode())
-    return found
+    """Every tier this CPU can run, lowest first (``KWKER_ISA_MAX`` hides the tiers above it). Only asks:
+    the tier other threads' kernels run on is never touched."""
+    return [t for t in TIERS if LIB.kwker_isa_supported(t.encode()) == 0]
 
 
 def num_threads() -> int:

@@ -1,5 +1,5 @@
 //! Process-wide settings of the extension: which instruction-set tier runs (detected once, `KWKER_ISA`
-//! forces one, tests switch it at run time) and how many threads a kernel may use
+//! forces one, tests switch it at run time; `kwker_isa_supported` only asks, never switches) and how many threads a kernel may use
 //! (`KWKER_NUM_THREADS`, default: torch's intra-op thread count, i.e. the physical cores).
 use kwker_kernels::isa::{self, Isa};
 use std::ffi::{c_char, CStr};
@@ -82,6 +82,25 @@ pub unsafe extern "C" fn kwker_set_isa(name: *const c_char) -> i32 {
     }
     ISA.store(code(isa), Ordering::Relaxed);
     0
+}
+
+/// Whether the host can run a tier, without changing the tier in use (a probe that other threads'
+/// kernels cannot notice). Returns 0 if it can, 1 for an unknown name, 2 if the host cannot run it.
+///
+/// # Safety
+/// `name` must be a valid NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_isa_supported(name: *const c_char) -> i32 {
+    if name.is_null() {
+        return 1;
+    }
+    // SAFETY: the caller guarantees a valid NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+    match Isa::from_name(&name) {
+        None => 1,
+        Some(isa) if isa.is_supported() => 0,
+        Some(_) => 2,
+    }
 }
 
 /// Threads a kernel may use (0 = torch's intra-op thread count).

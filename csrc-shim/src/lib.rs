@@ -5,6 +5,14 @@
 //! caught here (`catch_unwind`) and reported as errors, so no Rust panic ever unwinds into C++.
 //! bf16 activations are widened to f32 before the kernel and the f32 result is rounded to bf16 once
 //! at the end, so a bf16 call equals the f32 computation on the same (bf16-valued) inputs.
+// The FFI layer turns panics into errors with catch_unwind; under panic=abort a kernel bug would kill
+// the user's Python process instead. Refuse to build that way.
+#[cfg(panic = "abort")]
+compile_error!(
+    "kwker-shim must be built with panic = \"unwind\" (Cargo.toml [profile.*]): its C entry points \
+     catch Rust panics and report them as Python errors, which panic = \"abort\" makes impossible"
+);
+
 mod attention_ffi;
 mod config;
 mod error;
@@ -13,6 +21,8 @@ mod linear_ffi;
 mod torch_pool;
 
 pub use attention_ffi::kwker_decode_attention;
-pub use config::{kwker_isa_name, kwker_num_threads, kwker_set_isa, kwker_set_num_threads};
+pub use config::{
+    kwker_isa_name, kwker_isa_supported, kwker_num_threads, kwker_set_isa, kwker_set_num_threads,
+};
 pub use exec_ffi::{kwker_plan_free, kwker_plan_new, kwker_plan_run};
 pub use linear_ffi::kwker_linear;

@@ -2,7 +2,9 @@
 //!
 //! Contract: a tier is only ever reported as supported when the CPU *and* the OS support every
 //! feature its kernels are compiled with, so dispatching on a supported tier can never execute
-//! an illegal instruction. `detect()` is computed once per process.
+//! an illegal instruction. `detect()` is computed once per process. `KWKER_ISA_MAX=<tier>` (read
+//! once) makes every tier above it unsupported, as on a CPU without them: to test an AVX2-only
+//! deployment, or the refusal of a missing tier, on a bigger CPU.
 
 use std::sync::OnceLock;
 
@@ -38,9 +40,14 @@ impl Isa {
             .find(|isa| isa.name().eq_ignore_ascii_case(s))
     }
 
-    /// Whether this host can run the tier. The feature lists must match the
-    /// `#[target_feature(enable = ...)]` strings used in the tier files.
+    /// Whether this host can run the tier (and `KWKER_ISA_MAX` does not hide it).
     pub fn is_supported(self) -> bool {
+        self <= ceiling() && self.cpu_has()
+    }
+
+    /// Whether the CPU and OS have every feature of the tier. The feature lists must match the
+    /// `#[target_feature(enable = ...)]` strings used in the tier files.
+    pub fn cpu_has(self) -> bool {
         match self {
             Isa::Generic => true,
             #[cfg(target_arch = "x86_64")]
@@ -50,7 +57,7 @@ impl Isa {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
-                Isa::Avx2.is_supported()
+                Isa::Avx2.cpu_has()
                     && std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bw")
                     && std::arch::is_x86_feature_detected!("avx512vl")
@@ -60,6 +67,21 @@ impl Isa {
             _ => false,
         }
     }
+}
+
+/// The highest tier `KWKER_ISA_MAX` allows (every tier when unset or not a tier name), read once.
+pub fn ceiling() -> Isa {
+    static CEILING: OnceLock<Isa> = OnceLock::new();
+    *CEILING.get_or_init(|| {
+        let request = std::env::var("KWKER_ISA_MAX").ok();
+        match request.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
+            None => Isa::Avx512,
+            Some(r) => Isa::from_name(r).unwrap_or_else(|| {
+                eprintln!("kwker: KWKER_ISA_MAX={r} is not one of generic|avx2|avx512; ignored");
+                Isa::Avx512
+            }),
+        }
+    })
 }
 
 /// Every tier the host can run, `Generic` first.
