@@ -8,7 +8,12 @@ How it hooks in (no model argument needed; models loaded before or after are cov
   - transformers' ``"sdpa"`` attention (the default implementation) is wrapped: attention of a few new
     tokens against the cache with no mask to apply goes to ``torch.ops.kwker.decode_attention``; prompts,
     padded batches, masks, sliding windows, soft-capping, sinks and dropout stay on torch.
-Every reason for leaving a call on torch is logged once (logger ``kwker_torch``).
+  - Of the calls kwker can compute, each shape runs where it is faster on this machine: its first calls
+    alternate between kwker and torch, timed, then it stays on the winner (``path_choice.py``;
+    ``install(choose="kwker")`` skips the measuring). So float32 models, where kwker's GEMV is only at
+    MKL's speed on some Intel CPUs, never run slower than stock.
+Every reason for leaving a call on torch is logged once (logger ``kwker_torch``). All of this state is
+safe to use from several threads at once (per-thread mask verdicts, locked counters and decisions).
 
 Numerics: the ops sum in float32 and round once to the input dtype, as torch's CPU kernels do, so the
 greedy tokens are the model's own (checked in tests on the real SmolLM2-135M).
@@ -19,12 +24,15 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import _native  # noqa: F401  (registers the ops)
+from .path_choice import KWKER, PathChoice, rows_bucket
 
 log = logging.getLogger("kwker_torch")
 
@@ -40,6 +48,28 @@ AMX_MIN_ROWS = 16
 _state: dict[str, Any] = {}
 _logged: set[str] = set()
 _counts = {"linear": 0, "linear_torch": 0, "attention": 0, "attention_torch": 0}
+_counts_lock = threading.Lock()  # generate() may run in several threads at once
+_choice = PathChoice()  # per-shape kwker-or-torch decisions (choose="measure")
+CHOOSE_MODES = ("measure", "kwker")
+
+
+def _count(what: str) -> None:
+    with _counts_lock:
+        _counts[what] += 1
+
+
+def _run_chosen(key: Any, kwker: Callable[[], torch.Tensor], stock: Callable[[], Any], what: str) -> Any:
+    """Runs the call on the path chosen for ``key`` (measuring both while the shape is on trial)."""
+    path = _choice.decided.get(key) if _state["choose"] == "measure" else KWKER
+    if path is None:
+        path = _choice.trial_path(key)
+        t0 = time.perf_counter()
+        out = kwker() if path == KWKER else stock()
+        _choice.record(key, path, time.perf_counter() - t0)
+    else:
+        out = kwker() if path == KWKER else stock()
+    _count(what if path == KWKER else what + "_torch")
+    return out
 
 
 def _log_once(reason: str) -> None:
@@ -100,11 +130,23 @@ def _fast_path_ok(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> b
 def _linear_forward(self: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
     w, b = self.weight, self.bias
     if _fast_path_ok(input, w, b):
-        _counts["linear"] += 1
-        return _below_autograd(torch.ops.kwker.linear.default, input, w, b)
+        key = ("linear", input.dtype, rows_bucket(input.numel() // input.shape[-1]), w.shape, b is not None)
+        path = _choice.decided.get(key) if _state["choose"] == "measure" else KWKER
+        if path == KWKER:  # the decided cases inline: this runs ~200 times per token
+            _count("linear")
+            return _below_autograd(torch.ops.kwker.linear.default, input, w, b)
+        if path is not None:
+            _count("linear_torch")
+            return _state["linear_forward"](self, input)
+        return _run_chosen(
+            key,
+            lambda: _below_autograd(torch.ops.kwker.linear.default, input, w, b),
+            lambda: _state["linear_forward"](self, input),
+            "linear",
+        )
     reason = _linear_reason(input, w, b) or _AMX_REASON
     _log_once(reason)
-    _counts["linear_torch"] += 1
+    _count("linear_torch")
     return _state["linear_forward"](self, input)
 
 
@@ -139,18 +181,26 @@ def _attention_reason(
     return None
 
 
-_mask_cache: dict[str, Any] = {"mask": None, "visible": False}
+class _MaskVerdict(threading.local):
+    """The last mask checked and its verdict, per thread: two threads generating at once (one padded
+    batch, one not) must never take each other's verdict. One (mask, verdict) pair, replaced whole."""
+
+    last: tuple[torch.Tensor, bool] | None = None
+
+
+_mask_cache = _MaskVerdict()
 
 
 def _mask_is_all_visible(mask: torch.Tensor, q_len: int) -> bool:
     """True when a mask hides nothing a causal-from-the-end rule would not hide (one query token and an
     all-visible row). The same mask object is passed to every layer of a forward: check it once."""
-    if mask is _mask_cache["mask"]:
-        return _mask_cache["visible"]
+    last = _mask_cache.last
+    if last is not None and last[0] is mask:
+        return last[1]
     visible = False
     if q_len == 1 and mask.dim() == 4 and mask.shape[2] == 1:
         visible = bool(mask.all()) if mask.dtype == torch.bool else bool((mask == 0).all())
-    _mask_cache["mask"], _mask_cache["visible"] = mask, visible
+    _mask_cache.last = (mask, visible)
     return visible
 
 
@@ -167,28 +217,46 @@ def _make_attention(original: Callable[..., Any]) -> Callable[..., Any]:
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         reason = _attention_reason(module, query, key, attention_mask, dropout, kwargs)
+
+        def stock() -> tuple[torch.Tensor, None]:
+            return original(
+                module, query, key, value, attention_mask,
+                dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs,
+            )  # fmt: skip
+
         if reason is None and key.shape[2] >= query.shape[2]:
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-            _counts["attention"] += 1
-            out = _below_autograd(torch.ops.kwker.decode_attention, query, key, value, float(scale))
-            return out.transpose(1, 2), None  # transformers expects [B, T, H, D]
+
+            def ours() -> tuple[torch.Tensor, None]:
+                out = _below_autograd(torch.ops.kwker.decode_attention, query, key, value, float(scale))
+                return out.transpose(1, 2), None  # transformers expects [B, T, H, D]
+
+            # Keys grow every step: one decision per power-of-two key count.
+            shape = (*query.shape[:3], key.shape[1], query.shape[3], rows_bucket(key.shape[2]))
+            return _run_chosen(("attention", query.dtype, shape), ours, stock, "attention")
         if reason is not None and reason != "prompt":
             _log_once(reason)
-        _counts["attention_torch"] += 1
-        return original(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
-        )
+        _count("attention_torch")
+        return stock()
 
     return kwker_sdpa_attention_forward
 
 
-def install(model: torch.nn.Module | None = None) -> None:
+def install(model: torch.nn.Module | None = None, *, choose: str = "measure") -> None:
     """Route linears and decode attention through the kwker ops, for every model in the process.
 
+    ``choose="measure"`` (the default): the first calls of each shape run on both kwker and torch,
+    timed, and the shape then stays on the faster (``choices()`` tells what was decided), so installing
+    never makes a call slower. ``choose="kwker"``: every call kwker computes exactly goes to kwker.
     ``model`` is optional: when given, it is only checked for modules that will stay on torch (logged).
-    Calling ``install()`` twice is harmless.
+    Calling ``install()`` twice is harmless (the second call may change ``choose``).
     """
-    if not _state:
+    if choose not in CHOOSE_MODES:
+        raise ValueError(f"kwker: install(choose={choose!r}); expected one of {CHOOSE_MODES}")
+    if _state:
+        _state["choose"] = choose
+    else:
+        _state["choose"] = choose
         _state["linear_forward"] = torch.nn.Linear.forward
         torch.nn.Linear.forward = _linear_forward  # type: ignore[method-assign]
         try:
@@ -213,7 +281,7 @@ def uninstall() -> None:
 
         AttentionInterface._global_mapping["sdpa"] = _state.pop("sdpa")
     _state.clear()
-    _mask_cache["mask"] = None
+    _mask_cache.last = None
 
 
 def is_installed() -> bool:
@@ -226,8 +294,19 @@ def stats() -> dict[str, int]:
 
 
 def reset_stats() -> None:
-    for k in _counts:
-        _counts[k] = 0
+    with _counts_lock:
+        for k in _counts:
+            _counts[k] = 0
+
+
+def choices() -> dict[str, int]:
+    """How many call shapes the measured choice has put on each path so far: {"kwker": n, "torch": m}."""
+    return _choice.summary()
+
+
+def reset_choices() -> None:
+    """Forget every measured decision (the next calls of each shape are measured again)."""
+    _choice.clear()
 
 
 @functools.cache

@@ -59,13 +59,18 @@ def test_greedy_tokens_identical_on_real_smollm2_float32(smollm2_f32: tuple) -> 
     for prompt in PROMPTS:
         ids = chat_ids(tok, prompt)
         expected = greedy(model, ids, NEW_TOKENS)
-        torch_ops.install()
+        torch_ops.install(choose="kwker")
         torch_ops.reset_stats()
         got = greedy(model, ids, NEW_TOKENS)
         stats = torch_ops.stats()
         torch_ops.uninstall()
         assert torch.equal(got, expected), f"{prompt!r}: {tok.decode(got[0])!r} != {tok.decode(expected[0])!r}"
         _check_routing(stats, got.shape[1], ids, torch.float32)
+        # The default, measured per-shape choice (some calls on each path while it measures): same tokens.
+        torch_ops.install()
+        got = greedy(model, ids, NEW_TOKENS)
+        torch_ops.uninstall()
+        assert torch.equal(got, expected), f"{prompt!r} (choose='measure'): {tok.decode(got[0])!r}"
 
 
 @pytest.mark.slow
@@ -80,7 +85,7 @@ def test_greedy_tokens_bf16_identical_up_to_ties_in_the_models_own_logits(smollm
     for prompt in PROMPTS:
         ids = chat_ids(tok, prompt)
         expected, logits = greedy_with_logits(model, ids, NEW_TOKENS)
-        torch_ops.install()
+        torch_ops.install(choose="kwker")
         torch_ops.reset_stats()
         got = greedy(model, ids, NEW_TOKENS)[0]
         stats = torch_ops.stats()
@@ -139,7 +144,7 @@ def test_sampling_streamer_and_stopping_criteria(smollm2_f32: tuple) -> None:
         return out, streamer
 
     expected, _ = run()
-    torch_ops.install()
+    torch_ops.install(choose="kwker")
     got, streamer = run()
     torch_ops.uninstall()
     assert got.shape[1] == ids.shape[1] + 12  # the stopping criterion ended it
@@ -162,7 +167,7 @@ def test_padded_batch(smollm2_f32: tuple) -> None:
             return model.generate(**batch, max_new_tokens=16, do_sample=False)
 
     expected = run()
-    torch_ops.install()
+    torch_ops.install(choose="kwker")
     torch_ops.reset_stats()
     got = run()
     stats = torch_ops.stats()
@@ -174,7 +179,7 @@ def test_padded_batch(smollm2_f32: tuple) -> None:
 def test_install_uninstall_restore_stock_behaviour() -> None:
     stock_linear = torch.nn.Linear.forward
     stock_sdpa = AttentionInterface._global_mapping["sdpa"]
-    torch_ops.install()
+    torch_ops.install(choose="kwker")
     torch_ops.install()  # twice is harmless
     assert torch.nn.Linear.forward is not stock_linear and torch_ops.is_installed()
     assert AttentionInterface._global_mapping["sdpa"] is not stock_sdpa
@@ -187,7 +192,7 @@ def test_unsupported_linears_stay_on_torch_logged_once(caplog: pytest.LogCapture
     lin = torch.nn.Linear(8, 4).half()
     x = torch.randn(2, 8).half()
     expected = lin(x)
-    torch_ops.install()
+    torch_ops.install(choose="kwker")
     torch_ops.reset_stats()
     with caplog.at_level(logging.INFO, logger="kwker_torch"):
         for _ in range(3):
@@ -211,7 +216,7 @@ def test_random_models_close_to_float32(name: str, layers: int) -> None:
     ids = torch.randint(3, 1000, (1, 12), generator=torch.Generator().manual_seed(0))
     n = 6
     new, torch_logits = greedy_with_logits(model, ids, n)
-    torch_ops.install()
+    torch_ops.install(choose="kwker")
     torch_ops.reset_stats()
     kw_new, kw_logits = greedy_with_logits(model, ids, n)
     stats = torch_ops.stats()
@@ -238,7 +243,7 @@ def test_gpt2_conv1d_model_still_works() -> None:
     model = random_model("GPT-2", torch.float32, num_hidden_layers=2)
     ids = torch.randint(0, 1000, (1, 10), generator=torch.Generator().manual_seed(0))
     expected = greedy(model, ids, 5)
-    torch_ops.install()
+    torch_ops.install(choose="kwker")
     got = greedy(model, ids, 5)
     torch_ops.uninstall()
     assert torch.equal(got, expected)
@@ -248,7 +253,7 @@ def test_training_forward_stays_on_torch_and_backward_works() -> None:
     """With gradients needed, install() routes nothing to kwker (inference-only ops) and training works."""
     model = random_model("SmolLM2-360M", torch.float32, num_hidden_layers=1).train()
     ids = torch.randint(3, 1000, (1, 6))
-    torch_ops.install()
+    torch_ops.install(choose="kwker")
     torch_ops.reset_stats()
     loss = model(ids, labels=ids).loss
     loss.backward()
