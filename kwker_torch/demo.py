@@ -42,13 +42,21 @@ def _generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> tup
     return out.sequences[0, ids.shape[1] :], torch.stack(out.logits, 1)[0], dt
 
 
+def say(msg: str, end: str = "\n") -> None:
+    print(msg, end=end, flush=True)
+
+
 def compare(dtype: str, prompt: str, new_tokens: int, runs: int) -> Result:
+    say(f"[{dtype}] loading the model ...", end=" ")
+    t0 = time.perf_counter()
     model, tok = load_smollm2(DTYPES[dtype])
     ids = chat_ids(tok, prompt)
+    say(f"{time.perf_counter() - t0:.1f} s; warming up both paths", end="")
     times: dict[str, list[float]] = {"torch": [], "kwker": []}
     tokens: dict[str, torch.Tensor] = {}
     logits: dict[str, torch.Tensor] = {}
-    for run in range(runs + 1):  # run 0 warms up both
+    torch_ops.reset_choices()
+    for run in range(runs + 1):  # run 0 warms up both (and lets install() measure each shape)
         for name in ("torch", "kwker"):
             if name == "kwker":
                 torch_ops.install()
@@ -58,6 +66,10 @@ def compare(dtype: str, prompt: str, new_tokens: int, runs: int) -> Result:
                 torch_ops.uninstall()
             if run > 0:
                 times[name].append(dt)
+            say(f" .. {name} {new_tokens / dt:.1f} t/s" if run > 0 else ".", end="")
+        if run == 0:
+            say(f"; {runs} timed runs each:", end="")
+    say("")
     rate = {k: new_tokens / statistics.median(v) for k, v in times.items()}
     text = tok.decode(tokens["kwker"], skip_special_tokens=True)
     if torch.equal(tokens["torch"], tokens["kwker"]):
@@ -77,6 +89,9 @@ def compare(dtype: str, prompt: str, new_tokens: int, runs: int) -> Result:
     return Result(rate, text, verdict, tie)
 
 
+HEADER = f"{'dtype':6} {'stock torch':>12} {'install()':>12} {'speed-up':>9}  {'on torch':>8}  tokens identical"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompt", default="Write a short story about a lighthouse keeper who finds a message in a bottle.")
@@ -85,15 +100,27 @@ def main() -> None:
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16", "f32"])
     a = p.parse_args()
 
-    print(f"kwker demo: real SmolLM2-135M-Instruct, kernels tier {isa()}, {num_threads()} threads")
-    print(f"prompt: {a.prompt!r}; {a.new_tokens} greedy tokens; median of {a.runs} interleaved runs\n")
-    results = {d: compare(d, a.prompt, a.new_tokens, a.runs) for d in a.dtype}
-    print(f"kwker's {a.dtype[0]} output: {results[a.dtype[0]].text!r}\n")
-    print(f"{'dtype':6} {'stock torch':>12} {'install()':>12} {'speed-up':>9}  tokens identical")
-    for d, r in results.items():
+    say(f"kwker demo: real SmolLM2-135M-Instruct, kernels tier {isa()}, {num_threads()} threads")
+    say(f"prompt: {a.prompt!r}; {a.new_tokens} greedy tokens; median of {a.runs} interleaved runs")
+    say("'on torch': call shapes install() measured as faster on torch's own kernels, of all it measured\n")
+    rows: list[str] = []
+    ok = True
+    for d in a.dtype:
+        r = compare(d, a.prompt, a.new_tokens, a.runs)
+        ok &= r.ok
         speedup = r.rate["kwker"] / r.rate["torch"]
-        print(f"{d:6} {r.rate['torch']:8.1f} t/s {r.rate['kwker']:8.1f} t/s {speedup:8.2f}x  {r.verdict}")
-    if not all(r.ok for r in results.values()):
+        c = torch_ops.choices()
+        on_torch = f"{c['torch']}/{c['torch'] + c['kwker']}"
+        row = f"{d:6} {r.rate['torch']:8.1f} t/s {r.rate['kwker']:8.1f} t/s {speedup:8.2f}x  {on_torch:>8}  {r.verdict}"
+        rows.append(row)
+        say(f"kwker's {d} output: {r.text!r}")
+        say(HEADER)
+        say(row + "\n")
+    if len(rows) > 1:
+        say("summary:\n" + HEADER)
+        for row in rows:
+            say(row)
+    if not ok:
         raise SystemExit(1)
 
 
