@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from . import _native, autograd, fake  # noqa: F401  (registers the ops, their fake kernels and autograd rules)
 from ._native import isa, num_threads, set_isa, set_num_threads, supported_isas
+from .decoder import KwkDecoder
 
-__all__ = ["isa", "num_threads", "set_isa", "set_num_threads", "supported_isas"]
+__all__ = ["KwkDecoder", "isa", "num_threads", "set_isa", "set_num_threads", "supported_isas"]
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@
   dequantizes the GGUF (Q4_1) into a plain Llama model of nn.Linear layers; its tokenizer comes from the
   same file. No network is used.
 - ``random_model(name)``: a random-initialised model with the exact shapes of a published config
-  (SmolLM2-360M, Qwen2.5-0.5B, Llama-3.2-1B, Mistral-7B, GPT-2), optionally with fewer layers.
+  (SmolLM2-360M, SmolLM2-1.7B, Qwen2.5-0.5B, Llama-3.2-1B, Mistral-7B, GPT-2), optionally with fewer layers.
 """
 
 from __future__ import annotations
@@ -32,6 +32,22 @@ CONFIGS: dict[str, dict[str, Any]] = {
         vocab_size=49152,
         max_position_embeddings=8192,
         rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "SmolLM2-1.7B": dict(
+        model_type="llama",
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=24,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        head_dim=64,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rope_theta=130000.0,
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         bos_token_id=1,
@@ -64,6 +80,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
         vocab_size=128256,
         max_position_embeddings=131072,
         rope_theta=500000.0,
+        rope_scaling=dict(
+            rope_type="llama3", factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
+            original_max_position_embeddings=8192,
+        ),  # fmt: skip
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
         bos_token_id=128000,
@@ -150,13 +170,14 @@ def load_smollm2(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     return model, tok
 
 
-def make_config(name: str, num_hidden_layers: int | None = None) -> Any:
-    """The transformers config of ``name`` (a key of CONFIGS), optionally with fewer layers."""
+def make_config(name: str, num_hidden_layers: int | None = None, **overrides: Any) -> Any:
+    """The transformers config of ``name`` (a key of CONFIGS), optionally with fewer layers or other
+    fields overridden."""
     from transformers import AutoConfig
 
     if name not in CONFIGS:
         raise KeyError(f"kwker: unknown config {name!r}; known: {sorted(CONFIGS)}")
-    kw = dict(CONFIGS[name])
+    kw = dict(CONFIGS[name], **overrides)
     model_type = kw.pop("model_type")
     if num_hidden_layers is not None:
         kw["n_layer" if model_type == "gpt2" else "num_hidden_layers"] = num_hidden_layers
@@ -164,13 +185,15 @@ def make_config(name: str, num_hidden_layers: int | None = None) -> Any:
 
 
 def random_model(
-    name: str, dtype: torch.dtype = torch.bfloat16, num_hidden_layers: int | None = None, seed: int = 0
+    name: str, dtype: torch.dtype = torch.bfloat16, num_hidden_layers: int | None = None, seed: int = 0,
+    **overrides: Any,
 ) -> Any:
-    """A random-initialised causal LM with the exact shapes of ``name``, in eval mode."""
+    """A random-initialised causal LM with the exact shapes of ``name`` (config fields can be overridden),
+    in eval mode."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(make_config(name, num_hidden_layers), dtype=dtype)
+    model = AutoModelForCausalLM.from_config(make_config(name, num_hidden_layers, **overrides), dtype=dtype)
     return model.eval()
 
 

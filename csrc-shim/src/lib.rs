@@ -15,6 +15,7 @@ compile_error!(
 
 mod attention_ffi;
 mod config;
+mod decoder_ffi;
 mod error;
 mod exec_ffi;
 mod linear_ffi;
@@ -23,6 +24,13 @@ mod torch_pool;
 pub use attention_ffi::kwker_decode_attention;
 pub use config::{
     kwker_isa_name, kwker_isa_supported, kwker_num_threads, kwker_set_isa, kwker_set_num_threads,
+};
+pub use decoder_ffi::{
+    kwker_decoder_build, kwker_decoder_builder, kwker_decoder_builder_free,
+    kwker_decoder_copy_prefix, kwker_decoder_free, kwker_decoder_generate,
+    kwker_decoder_pool_stalls, kwker_decoder_set, kwker_decoder_set_position,
+    kwker_decoder_slot_len, kwker_decoder_slot_tokens, kwker_decoder_step, kwker_decoder_truncate,
+    kwker_decoder_weight_bytes,
 };
 pub use exec_ffi::{kwker_plan_free, kwker_plan_new, kwker_plan_run};
 pub use linear_ffi::kwker_linear;

@@ -26,12 +26,21 @@ pub struct TorchPool {
     threads: usize,
 }
 
+/// torch's intra-op thread count (`torch.get_num_threads()`; the physical cores by default).
+pub fn torch_threads() -> usize {
+    let mut n: u32 = 1;
+    // SAFETY: torch_get_num_threads writes one u32 through a valid pointer.
+    let rc = unsafe { torch_get_num_threads(&mut n) };
+    if rc == 0 {
+        n.max(1) as usize
+    } else {
+        1
+    }
+}
+
 impl TorchPool {
     pub fn new() -> Self {
-        let mut n: u32 = 1;
-        // SAFETY: torch_get_num_threads writes one u32 through a valid pointer.
-        let rc = unsafe { torch_get_num_threads(&mut n) };
-        let torch_threads = if rc == 0 { n.max(1) as usize } else { 1 };
+        let torch_threads = torch_threads();
         let cap = thread_cap();
         let threads = if cap == 0 {
             torch_threads

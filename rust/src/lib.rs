@@ -11,9 +11,11 @@
 
 pub mod attention;
 pub mod bf16;
+pub mod decoder;
 pub mod exec;
 pub mod isa;
 pub mod linear;
 pub mod par;
+pub mod pool;
 
 mod scratch;

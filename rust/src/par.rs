@@ -6,8 +6,11 @@
 //! the caller of `run`. Kernels never depend on which thread runs a task or in what order, so
 //! results are identical for every runner.
 
+use std::any::Any;
 use std::ops::Range;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 pub trait Parallel: Sync {
     /// How many tasks may usefully run at once (kernels size their split from this).
@@ -46,20 +49,30 @@ impl Parallel for ScopedThreads {
             return;
         }
         let next = AtomicUsize::new(0);
+        // The first panic's payload, re-raised in the caller as it was (scope() alone would replace a
+        // worker's message by "a scoped thread panicked").
+        let panic: Mutex<Option<Box<dyn Any + Send>>> = Mutex::new(None);
         let work = || loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             if i >= n_tasks {
                 break;
             }
-            f(i);
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(i))) {
+                panic
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(p);
+            }
         };
-        // scope() joins every thread before returning and re-raises any worker panic.
         std::thread::scope(|s| {
             for _ in 1..workers {
                 s.spawn(work);
             }
             work();
         });
+        if let Some(p) = panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            resume_unwind(p);
+        }
     }
 }
 

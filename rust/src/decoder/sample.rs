@@ -1,0 +1,229 @@
+//! Choosing the next token from a row of logits: greedy (argmax; the first of equal maxima, as
+//! `torch.argmax`), or sampling with temperature, top-k and top-p (nucleus), applied in that order as
+//! Hugging Face's logits warpers are, from a seeded generator (xoshiro256**, so a seed gives the same
+//! text on every machine and tier).
+//!
+//! Contract: probabilities are computed in f64 from the f32 logits (max subtracted). With top-p < 1,
+//! tokens whose probability is below 1e-12 of the most likely one are never kept (they cannot change
+//! which tokens reach the top-p mass, only the renormalisation at the 1e-12 level).
+
+/// Sampling settings. `temperature == 0` means greedy.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleParams {
+    pub temperature: f32,
+    /// 0 = no top-k cut.
+    pub top_k: usize,
+    /// 1.0 = no top-p cut.
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl SampleParams {
+    pub fn greedy() -> SampleParams {
+        SampleParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(format!(
+                "temperature must be >= 0 (0 = greedy), got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        Ok(())
+    }
+}
+
+/// xoshiro256** seeded through splitmix64.
+#[derive(Clone, Debug)]
+pub struct Rng([u64; 4]);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            x ^ (x >> 31)
+        };
+        Rng([next(), next(), next(), next()])
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.0;
+        let out = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        out
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// Index of the largest logit (the first one among equals; NaN never wins).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut val = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > val {
+            val = v;
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The next token under `p`, drawing from `rng` when sampling.
+pub fn sample(logits: &[f32], p: &SampleParams, rng: &mut Rng) -> u32 {
+    if p.temperature == 0.0 || p.top_k == 1 {
+        return argmax(logits);
+    }
+    let t = p.temperature as f64;
+    let max = logits[argmax(logits) as usize] as f64;
+    // Candidates: every token, or (with a cut) those that can matter, most likely first.
+    let cut = p.top_k > 0 || p.top_p < 1.0;
+    let mut cand: Vec<(f32, u32)> = if cut {
+        let floor = max - 27.6 * t; // exp(-27.6) ~ 1e-12 of the top probability
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v as f64 >= floor)
+            .map(|(i, &v)| (v, i as u32))
+            .collect()
+    } else {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v, i as u32))
+            .collect()
+    };
+    if cut {
+        // Descending by logit, ties by index (deterministic).
+        cand.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        if p.top_k > 0 {
+            cand.truncate(p.top_k);
+        }
+    }
+    let mut probs: Vec<f64> = cand
+        .iter()
+        .map(|&(v, _)| ((v as f64 - max) / t).exp())
+        .collect();
+    let total: f64 = probs.iter().sum();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (i, pr) in probs.iter().enumerate() {
+            acc += pr / total;
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        probs.truncate(keep);
+        cand.truncate(keep);
+    }
+    let total: f64 = probs.iter().sum();
+    let mut u = rng.uniform() * total;
+    for (pr, &(_, tok)) in probs.iter().zip(&cand) {
+        if u < *pr {
+            return tok;
+        }
+        u -= pr;
+    }
+    cand.last().map(|c| c.1).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 0.5, 0.2]), 1);
+    }
+
+    #[test]
+    fn top_k_one_and_tiny_top_p_are_greedy() {
+        let logits = [0.1, 2.0, 1.9, -3.0];
+        let mut rng = Rng::new(1);
+        for _ in 0..100 {
+            let k1 = SampleParams {
+                temperature: 1.0,
+                top_k: 1,
+                top_p: 1.0,
+                seed: 0,
+            };
+            assert_eq!(sample(&logits, &k1, &mut rng), 1);
+            let p = SampleParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1e-6,
+                seed: 0,
+            };
+            assert_eq!(sample(&logits, &p, &mut rng), 1);
+        }
+    }
+
+    #[test]
+    fn frequencies_follow_the_softmax() {
+        let logits = [0.0f32, (2.0f32).ln(), (3.0f32).ln(), -50.0];
+        let p = SampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        };
+        let mut rng = Rng::new(7);
+        let mut counts = [0usize; 4];
+        let n = 60000;
+        for _ in 0..n {
+            counts[sample(&logits, &p, &mut rng) as usize] += 1;
+        }
+        for (i, want) in [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0, 0.0].iter().enumerate() {
+            let got = counts[i] as f64 / n as f64;
+            assert!((got - want).abs() < 0.01, "token {i}: {got} vs {want}");
+        }
+        // top-p 0.5: only tokens 2 (0.5) is needed to reach half the mass.
+        let p = SampleParams { top_p: 0.5, ..p };
+        for _ in 0..1000 {
+            assert_eq!(sample(&logits, &p, &mut rng), 2);
+        }
+        // top-k 2: tokens 2 and 1 in ratio 3:2.
+        let p = SampleParams {
+            top_k: 2,
+            top_p: 1.0,
+            ..p
+        };
+        let mut c = [0usize; 4];
+        for _ in 0..20000 {
+            c[sample(&logits, &p, &mut rng) as usize] += 1;
+        }
+        assert_eq!(c[0] + c[3], 0);
+        assert!((c[2] as f64 / 20000.0 - 0.6).abs() < 0.02);
+    }
+
+    #[test]
+    fn same_seed_same_draws() {
+        let (mut a, mut b) = (Rng::new(42), Rng::new(42));
+        assert!((0..100).all(|_| a.next_u64() == b.next_u64()));
+    }
+}
