@@ -19,9 +19,9 @@ mod block;
 mod generic;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 
 use crate::bf16::Element;
 use crate::isa::Isa;

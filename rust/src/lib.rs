@@ -15,6 +15,7 @@ pub mod decoder;
 pub mod exec;
 pub mod isa;
 pub mod linear;
+pub mod panel;
 pub mod par;
 pub mod pool;
 

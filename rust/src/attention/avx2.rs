@@ -216,7 +216,7 @@ pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
 /// polynomial, then scale by 2^n through the exponent bits.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn exp8(x: __m256) -> __m256 {
+pub(crate) fn exp8(x: __m256) -> __m256 {
     // Below this the result is not a normal f32; flush to 0 (also maps -inf to 0).
     let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.336_54));
     // min/max return their second operand for NaN, so NaN passes through.

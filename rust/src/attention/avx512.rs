@@ -201,7 +201,7 @@ pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
 /// `scalef` multiplies by 2^n with correct overflow/underflow.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
-fn exp16(x: __m512) -> __m512 {
+pub(crate) fn exp16(x: __m512) -> __m512 {
     // exp(-104) is below the smallest subnormal and exp(89) overflows; clamping keeps the
     // reduction finite (max/min return their second operand for NaN, so NaN passes through).
     let x = _mm512_max_ps(_mm512_set1_ps(-104.0), x);

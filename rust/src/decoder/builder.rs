@@ -130,16 +130,8 @@ impl Builder {
         }
         if kind.is_matrix() {
             let m = match data {
-                Data::Bf16(d) => Mat::Bf16 {
-                    data: d.to_vec(),
-                    rows,
-                    cols,
-                },
-                Data::F32(d) => Mat::F32 {
-                    data: d.to_vec(),
-                    rows,
-                    cols,
-                },
+                Data::Bf16(d) => Mat::from_bf16(d, rows, cols),
+                Data::F32(d) => Mat::from_f32(d, rows, cols),
             };
             match kind {
                 Kind::Embed => self.embed = Some(m),

@@ -22,8 +22,8 @@ use super::ops;
 use super::weights::{Mat, Weights};
 use crate::attention::{decode_attention, View4};
 use crate::isa::Isa;
-use crate::linear::linear;
-use crate::par::Parallel;
+use crate::panel::panel_linear;
+use crate::par::{Parallel, Serial, SyncPtr};
 
 /// Which logits a sequence of the batch wants back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,6 @@ pub struct Model<'a> {
     pub sin: &'a [f32],
 }
 
-#[allow(clippy::too_many_arguments)]
 fn lin(
     isa: Isa,
     par: &dyn Parallel,
@@ -118,14 +117,12 @@ fn lin(
     y: &mut [f32],
 ) {
     let (n, k) = (w.rows(), w.cols());
-    linear(
+    panel_linear(
         isa,
         par,
         &x[..m * k],
         m,
-        k,
-        w.weight(),
-        n,
+        &w.0,
         b.map(|b| b.as_slice()),
         &mut y[..m * n],
     );
@@ -261,8 +258,27 @@ fn window(
                 &qkv[qw + kvw..qw + 2 * kvw],
             );
         }
-        for g in &segs {
-            attend(model, isa, par, cache, s, g, l);
+        if segs.len() > 1 {
+            // Several sequences: one parallel region over them, each sequence's attention on one
+            // thread (its own rows of `attn`, its own scratch), instead of one small region each.
+            let out = SyncPtr(s.attn.as_mut_ptr());
+            let (qkv, cache_ref) = (&s.qkv, &*cache);
+            par.run(segs.len(), &|i| {
+                let g = &segs[i];
+                let mut tmp = vec![0.0f32; cfg.q_width() * g.rows.len()];
+                // SAFETY: segment i owns rows g.rows of `attn` (segments are disjoint row ranges of
+                // the window) and `attn` holds m * q_width floats; run() joins before `s` is used.
+                let rows = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        out.get().add(g.rows.start * cfg.q_width()),
+                        g.rows.len() * cfg.q_width(),
+                    )
+                };
+                attend(model, isa, &Serial, cache_ref, qkv, &mut tmp, rows, g, l);
+            });
+        } else if let Some(g) = segs.first() {
+            let rows = &mut s.attn[g.rows.start * qw..g.rows.end * qw];
+            attend(model, isa, par, cache, &s.qkv, &mut s.tmp, rows, g, l);
         }
         lin(isa, par, &s.attn, m, &lw.wo, lw.bo.as_ref(), &mut s.h);
         ops::add_in_place(&mut s.x[..m * hd], &s.h[..m * hd]);
@@ -282,6 +298,7 @@ fn window(
             &mut s.gu,
         );
         ops::silu_mul(
+            isa,
             &s.gu[..m * 2 * cfg.intermediate],
             cfg.intermediate,
             &mut s.act[..m * cfg.intermediate],
@@ -299,13 +316,17 @@ fn window(
     }
 }
 
-/// Attention of one segment's queries over its slot's cache, into `s.attn` rows.
+/// Attention of one segment's queries over its slot's cache, into `out` (the segment's rows of the
+/// attention output, [tokens][heads * head_dim]); `tmp` holds at least heads * tokens * head_dim.
+#[allow(clippy::too_many_arguments)]
 fn attend(
     model: &Model<'_>,
     isa: Isa,
     par: &dyn Parallel,
     cache: &KvCache,
-    s: &mut Scratch,
+    qkv: &[f32],
+    tmp: &mut [f32],
+    out: &mut [f32],
     g: &Segment,
     layer: usize,
 ) {
@@ -324,7 +345,7 @@ fn attend(
     let mut run = |rows: Range<usize>, key0: usize, keys: usize| {
         let n = rows.len();
         let q = View4 {
-            data: &s.qkv[(g.rows.start + rows.start) * qkvw..],
+            data: &qkv[(g.rows.start + rows.start) * qkvw..],
             dims: [1, hq, n, d],
             strides: [n * qkvw, d, qkvw, 1],
         };
@@ -333,15 +354,21 @@ fn attend(
             dims: [1, hkv, keys, d],
             strides: [hkv * ctx * d, ctx * d, d, 1],
         };
-        let out = &mut s.tmp[..hq * n * d];
         let (k, v) = (kv(&kb[key0 * d..]), kv(&vb[key0 * d..]));
-        decode_attention(isa, par, q, k, v, cfg.attn_scale, out);
+        if n == 1 {
+            // One token: [heads][1][d] is already the row layout.
+            let dst = &mut out[rows.start * qw..(rows.start + 1) * qw];
+            decode_attention(isa, par, q, k, v, cfg.attn_scale, dst);
+            return;
+        }
+        let o = &mut tmp[..hq * n * d];
+        decode_attention(isa, par, q, k, v, cfg.attn_scale, o);
         // [heads][tokens][d] -> rows [tokens][heads * d]
         for tt in 0..n {
-            let r = g.rows.start + rows.start + tt;
+            let r = rows.start + tt;
             for h in 0..hq {
                 let src = (h * n + tt) * d;
-                s.attn[r * qw + h * d..r * qw + (h + 1) * d].copy_from_slice(&out[src..src + d]);
+                out[r * qw + h * d..r * qw + (h + 1) * d].copy_from_slice(&o[src..src + d]);
             }
         }
     };

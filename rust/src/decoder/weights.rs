@@ -2,62 +2,45 @@
 //! replaces later can leave a dangling pointer): plain matrices and vectors, one struct per layer.
 //!
 //! Matrices are stored in the checkpoint's own dtype (bf16 or f32; the caller decides whether a
-//! bf16-exact f32 matrix is stored as bf16). Norm weights and biases are f32 (bf16 values widen
+//! bf16-exact f32 matrix is stored as bf16), packed into column panels. Norm weights and biases are f32 (bf16 values widen
 //! exactly). Fused projections: q/k/v rows stacked as [q; k; v], gate/up as [gate; up].
 
-use crate::linear::Weight;
+use crate::panel::PanelWeight;
 
-/// A row-major [rows, cols] weight matrix.
+/// A [rows, cols] weight matrix, packed into column panels once (`panel.rs`): the layout every
+/// decoder linear reads, whatever its batch size.
 #[derive(Clone, Debug)]
-pub enum Mat {
-    Bf16 {
-        data: Vec<u16>,
-        rows: usize,
-        cols: usize,
-    },
-    F32 {
-        data: Vec<f32>,
-        rows: usize,
-        cols: usize,
-    },
-}
+pub struct Mat(pub PanelWeight);
 
 impl Mat {
+    pub fn from_bf16(data: &[u16], rows: usize, cols: usize) -> Mat {
+        Mat(PanelWeight::from_bf16(data, rows, cols))
+    }
+
+    pub fn from_f32(data: &[f32], rows: usize, cols: usize) -> Mat {
+        Mat(PanelWeight::from_f32(data, rows, cols))
+    }
+
     pub fn rows(&self) -> usize {
-        match self {
-            Mat::Bf16 { rows, .. } | Mat::F32 { rows, .. } => *rows,
-        }
+        self.0.n()
     }
 
     pub fn cols(&self) -> usize {
-        match self {
-            Mat::Bf16 { cols, .. } | Mat::F32 { cols, .. } => *cols,
-        }
+        self.0.k()
     }
 
-    pub fn weight(&self) -> Weight<'_> {
-        match self {
-            Mat::Bf16 { data, .. } => Weight::Bf16(data),
-            Mat::F32 { data, .. } => Weight::F32(data),
-        }
+    pub fn is_bf16(&self) -> bool {
+        matches!(self.0, PanelWeight::Bf16 { .. })
     }
 
     /// Bytes read per pass over the matrix.
     pub fn bytes(&self) -> usize {
-        match self {
-            Mat::Bf16 { data, .. } => data.len() * 2,
-            Mat::F32 { data, .. } => data.len() * 4,
-        }
+        self.0.bytes()
     }
 
     /// Row `r` widened to f32 into `out` (embedding lookup).
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
-        match self {
-            Mat::Bf16 { data, cols, .. } => {
-                crate::bf16::bf16_slice_to_f32(&data[r * cols..(r + 1) * cols], out)
-            }
-            Mat::F32 { data, cols, .. } => out.copy_from_slice(&data[r * cols..(r + 1) * cols]),
-        }
+        self.0.row_f32(r, out)
     }
 }
 

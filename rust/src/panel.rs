@@ -1,0 +1,224 @@
+//! `y = x @ w^T + bias` over weights repacked once into column panels: the decoder's linear.
+//!
+//! Layout: the weight's n output rows are cut into panels of 32; a panel stores, for every k, its 32
+//! values side by side (k-major), so one cache line (bf16) or two (f32) feed 32 outputs at once.
+//! - One layout serves every batch size: a decode step (m = 1) streams the panels front to back,
+//!   a batch of sequences (m <= 16) reuses each loaded line for every x row, a prompt (m = 512) runs as
+//!   a register-blocked GEMM reading the bf16 panels directly: no per-call packing, no horizontal sums.
+//! - bf16 panels interleave rows i and 16 + i in each 32-bit word (row i in the low half), so a
+//!   shift and a mask widen 32 values into two f32 vectors of 16 consecutive rows each.
+//! - The last panel is zero-padded; padded outputs are never stored.
+//!
+//! Numerical contract: every product is exact (bf16 widens exactly), every sum f32; an output is the
+//! sum over k blocks of `KC` (or all of k for few rows) of in-order partial sums, then the bias. Tiers
+//! differ from the scalar reference only in that blocking and in fused multiply-add rounding.
+
+mod generic;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+use std::ops::Range;
+
+use crate::bf16::bf16_to_f32;
+use crate::isa::Isa;
+use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
+
+/// Output rows per panel.
+pub const PANEL: usize = 32;
+/// k block of the GEMM path (a 256 x 32 bf16 panel block is 16 KB: it stays in L1).
+pub(crate) const KC: usize = 256;
+/// Up to this many x rows run over the whole of k with their accumulators in registers.
+pub(crate) const SMALL_M: usize = 4;
+/// Below this many multiply-adds per task, splitting further costs more than it saves.
+const MIN_FMAS_PER_TASK: usize = 1 << 17;
+
+/// Panel-packed weights of a [n, k] matrix.
+#[derive(Clone, Debug)]
+pub enum PanelWeight {
+    Bf16 { data: Vec<u16>, n: usize, k: usize },
+    F32 { data: Vec<f32>, n: usize, k: usize },
+}
+
+/// Where packed element (row j, column kk) lives, and for bf16 its slot within the panel's 32.
+#[inline]
+fn slot(j: usize) -> usize {
+    let r = j % PANEL;
+    if r < 16 {
+        2 * r
+    } else {
+        2 * (r - 16) + 1
+    }
+}
+
+impl PanelWeight {
+    /// Packs a row-major bf16 [n, k] matrix.
+    pub fn from_bf16(w: &[u16], n: usize, k: usize) -> PanelWeight {
+        assert_eq!(
+            w.len(),
+            n * k,
+            "panel: {} values for a [{n}, {k}] matrix",
+            w.len()
+        );
+        let panels = n.div_ceil(PANEL);
+        let mut data = vec![0u16; panels * k * PANEL];
+        for j in 0..n {
+            let base = (j / PANEL) * k * PANEL + slot(j);
+            for kk in 0..k {
+                data[base + kk * PANEL] = w[j * k + kk];
+            }
+        }
+        PanelWeight::Bf16 { data, n, k }
+    }
+
+    /// Packs a row-major f32 [n, k] matrix (rows in natural order within a panel).
+    pub fn from_f32(w: &[f32], n: usize, k: usize) -> PanelWeight {
+        assert_eq!(
+            w.len(),
+            n * k,
+            "panel: {} values for a [{n}, {k}] matrix",
+            w.len()
+        );
+        let panels = n.div_ceil(PANEL);
+        let mut data = vec![0f32; panels * k * PANEL];
+        for j in 0..n {
+            let base = (j / PANEL) * k * PANEL + j % PANEL;
+            for kk in 0..k {
+                data[base + kk * PANEL] = w[j * k + kk];
+            }
+        }
+        PanelWeight::F32 { data, n, k }
+    }
+
+    pub fn n(&self) -> usize {
+        match self {
+            PanelWeight::Bf16 { n, .. } | PanelWeight::F32 { n, .. } => *n,
+        }
+    }
+
+    pub fn k(&self) -> usize {
+        match self {
+            PanelWeight::Bf16 { k, .. } | PanelWeight::F32 { k, .. } => *k,
+        }
+    }
+
+    /// Bytes of the stored matrix (padding included): what one pass over it reads.
+    pub fn bytes(&self) -> usize {
+        match self {
+            PanelWeight::Bf16 { data, .. } => data.len() * 2,
+            PanelWeight::F32 { data, .. } => data.len() * 4,
+        }
+    }
+
+    /// Row j (an embedding lookup) widened to f32.
+    pub fn row_f32(&self, j: usize, out: &mut [f32]) {
+        let k = self.k();
+        match self {
+            PanelWeight::Bf16 { data, .. } => {
+                let base = (j / PANEL) * k * PANEL + slot(j);
+                for (kk, o) in out[..k].iter_mut().enumerate() {
+                    *o = bf16_to_f32(data[base + kk * PANEL]);
+                }
+            }
+            PanelWeight::F32 { data, .. } => {
+                let base = (j / PANEL) * k * PANEL + j % PANEL;
+                for (kk, o) in out[..k].iter_mut().enumerate() {
+                    *o = data[base + kk * PANEL];
+                }
+            }
+        }
+    }
+}
+
+/// One call: x [m, k] (rows `ldx` apart), y [m, n] (rows `n` apart).
+pub(crate) struct Job<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub w: &'a PanelWeight,
+    pub bias: Option<&'a [f32]>,
+    /// Points at m * n f32s.
+    pub y: SyncPtr<f32>,
+}
+
+/// Fills the outputs of `panels` for all m rows. Every tier exports one with this signature.
+type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
+
+fn tier(isa: Isa) -> PanelFn {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => avx512::panels,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::panels,
+        _ => generic::panels,
+    }
+}
+
+/// y[i, j] = sum_kk x[i, kk] * w[j, kk] (+ bias[j]) for x [m, k] row-major and y [m, n] row-major.
+///
+/// Panics (never UB) when a slice length disagrees with m and the weight's shape, or when `isa`
+/// is not supported by this CPU.
+pub fn panel_linear(
+    isa: Isa,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &PanelWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let (n, k) = (w.n(), w.k());
+    assert_eq!(
+        x.len(),
+        m * k,
+        "panel_linear: x has {} elements, expected {m}*{k}",
+        x.len()
+    );
+    assert_eq!(
+        y.len(),
+        m * n,
+        "panel_linear: y has {} elements, expected {m}*{n}",
+        y.len()
+    );
+    assert!(
+        bias.is_none_or(|b| b.len() == n),
+        "panel_linear: the bias must have {n} values"
+    );
+    assert!(
+        isa.is_supported(),
+        "panel_linear: tier {} is not supported by this CPU",
+        isa.name()
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for row in y.chunks_exact_mut(n) {
+            match bias {
+                Some(b) => row.copy_from_slice(b),
+                None => row.fill(0.0),
+            }
+        }
+        return;
+    }
+    let job = Job {
+        x,
+        m,
+        w,
+        bias,
+        y: SyncPtr(y.as_mut_ptr()),
+    };
+    let panels = n.div_ceil(PANEL);
+    let want = par
+        .num_threads()
+        .clamp(1, (m * n * k / MIN_FMAS_PER_TASK).max(1));
+    let chunks = chunk_ranges(panels, want, 1);
+    let f = tier(isa);
+    let task = |i: usize| {
+        // SAFETY: the tier belongs to a supported ISA (asserted); chunks are disjoint panel ranges,
+        // so each task writes its own columns of y; lengths were checked above.
+        unsafe { f(&job, chunks[i].clone()) }
+    };
+    run_tasks(par, chunks.len(), &task);
+}
