@@ -25,8 +25,9 @@ use crate::par::Parallel;
 
 /// A worker polls for new jobs this long after its last one before parking.
 const SPIN: Duration = Duration::from_micros(1500);
-/// The caller waiting this long for tasks claimed by others counts as a stall.
-const STALL: Duration = Duration::from_micros(300);
+/// The caller waiting this long (plus four of its own average task times) for tasks claimed by others
+/// counts as a stall: a worker that is running finishes a claimed task in about one task time.
+const STALL: Duration = Duration::from_micros(250);
 /// After a stall the caller runs regions alone this long.
 const SOLO: Duration = Duration::from_millis(25);
 /// Tasks per thread the kernels are asked to split into (`num_threads()` reports threads * this), so
@@ -257,17 +258,19 @@ impl Parallel for SpinPool {
             shared.wake.notify_all();
         }
         let mut mine = 0;
+        let work_start = Instant::now();
         while let Some(i) = claim(shared, epoch) {
             run_task(&job, i);
             mine += 1;
         }
         shared.done.fetch_add(mine, Ordering::Release);
         let wait_start = Instant::now();
+        let patience = STALL + (wait_start - work_start) * 4 / (mine.max(1) as u32);
         let mut spins = 0u32;
         while shared.done.load(Ordering::Acquire) < n_tasks {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) && wait_start.elapsed() > STALL {
+            if spins.is_multiple_of(1024) && wait_start.elapsed() > patience {
                 // A worker holds a task but is not running: finish waiting, then go solo for a while.
                 while shared.done.load(Ordering::Acquire) < n_tasks {
                     std::thread::yield_now();

@@ -1,0 +1,311 @@
+//! Decoder timing without Python: a random-weight model with a published shape, decode steps and a
+//! prompt step on the decoder's own pool, next to the same GEMVs run alone and a plain read-bandwidth
+//! loop, so the gap between "the step" and "the weights it reads" can be split into its parts.
+//!
+//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads]`.
+//! Rates are bytes of weights per second (the memory-bound quantity) and tokens per second.
+
+use std::time::Instant;
+
+use kwker_kernels::bf16::f32_to_bf16;
+use kwker_kernels::decoder::builder::{Builder, Data, Kind};
+use kwker_kernels::decoder::config::Config;
+use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
+use kwker_kernels::isa;
+use kwker_kernels::linear::{linear, Weight};
+use kwker_kernels::panel::panel_linear;
+use kwker_kernels::par::Parallel;
+use kwker_kernels::pool::SpinPool;
+
+struct Shape {
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+    heads: usize,
+    kv: usize,
+    vocab: usize,
+}
+
+fn shape(name: &str) -> Shape {
+    match name {
+        "360m" => Shape {
+            hidden: 960,
+            inter: 2560,
+            layers: 32,
+            heads: 15,
+            kv: 5,
+            vocab: 49152,
+        },
+        "0.5b" => Shape {
+            hidden: 896,
+            inter: 4864,
+            layers: 24,
+            heads: 14,
+            kv: 2,
+            vocab: 151936,
+        },
+        "1.7b" => Shape {
+            hidden: 2048,
+            inter: 8192,
+            layers: 24,
+            heads: 32,
+            kv: 32,
+            vocab: 49152,
+        },
+        _ => Shape {
+            hidden: 576,
+            inter: 1536,
+            layers: 30,
+            heads: 9,
+            kv: 3,
+            vocab: 49152,
+        },
+    }
+}
+
+fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            f32_to_bf16(((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04)
+        })
+        .collect()
+}
+
+fn build(s: &Shape) -> Decoder {
+    let d = 64;
+    let cfg = Config {
+        vocab: s.vocab,
+        hidden: s.hidden,
+        layers: s.layers,
+        heads: s.heads,
+        kv_heads: s.kv,
+        head_dim: d,
+        intermediate: s.inter,
+        rms_eps: 1e-5,
+        attn_scale: 0.125,
+        inv_freq: (0..d / 2)
+            .map(|i| 1e4f32.powf(-((2 * i) as f32) / d as f32))
+            .collect(),
+        rope_scale: 1.0,
+        sliding_window: None,
+        tied_embeddings: true,
+        slots: 8,
+        max_context: 1024,
+        chunk_rows: 512,
+    };
+    let mut b = Builder::new(cfg).unwrap();
+    let h = s.hidden;
+    let qkv = (s.heads + 2 * s.kv) * d;
+    let ones = vec![1.0f32; h.max(2 * s.inter)];
+    let mut seed = 1;
+    let mut mat = |b: &mut Builder, kind: Kind, l: usize, rows: usize, cols: usize| {
+        seed += 1;
+        let w = random_bf16(rows * cols, seed);
+        b.set(kind, l, Data::Bf16(&w), rows, cols).unwrap();
+    };
+    mat(&mut b, Kind::Embed, 0, s.vocab, h);
+    b.set(Kind::FinalNorm, 0, Data::F32(&ones[..h]), 1, h)
+        .unwrap();
+    for l in 0..s.layers {
+        b.set(Kind::AttnNorm, l, Data::F32(&ones[..h]), 1, h)
+            .unwrap();
+        b.set(Kind::FfnNorm, l, Data::F32(&ones[..h]), 1, h)
+            .unwrap();
+        mat(&mut b, Kind::Wqkv, l, qkv, h);
+        mat(&mut b, Kind::Wo, l, h, s.heads * d);
+        mat(&mut b, Kind::WGateUp, l, 2 * s.inter, h);
+        mat(&mut b, Kind::WDown, l, h, s.inter);
+    }
+    b.build().unwrap()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let name = args.get(1).map(String::as_str).unwrap_or("135m");
+    let threads: usize = args.get(2).and_then(|t| t.parse().ok()).unwrap_or(2);
+    let s = shape(name);
+    let isa = isa::detect();
+    let pool = SpinPool::new(threads);
+    let mut dec = build(&s);
+    let bytes = dec.weights().bytes_per_token() as f64;
+    println!(
+        "{name}: {:.0} MB of weights per token, tier {}, {threads} threads",
+        bytes / 1e6,
+        isa.name()
+    );
+
+    // Read bandwidth: sum a 512 MB buffer with the same pool.
+    let big = vec![1u16; 256 << 20];
+    let mut rb = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let parts = pool.num_threads();
+        let chunk = big.len() / parts;
+        let sums: Vec<std::sync::atomic::AtomicU64> = (0..parts).map(|_| 0.into()).collect();
+        pool.run(parts, &|i| {
+            let s: u64 = big[i * chunk..(i + 1) * chunk]
+                .iter()
+                .map(|&x| x as u64)
+                .sum();
+            sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        rb.push(big.len() as f64 * 2.0 / t.elapsed().as_secs_f64());
+    }
+    println!("read bandwidth (sum of u16): {:.1} GB/s", median(rb) / 1e9);
+
+    // The model's linears alone, in model order (every matrix once per "token"), on the panel
+    // layout and on the row-major layout of `linear` (interleaved, for m = 1, 8 and 64 rows).
+    let w = dec.weights();
+    let mut mats: Vec<&kwker_kernels::decoder::weights::Mat> = Vec::new();
+    for l in &w.layers {
+        mats.extend([&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
+    }
+    mats.push(w.lm_head());
+    let rowmajor: Vec<Vec<u16>> = mats
+        .iter()
+        .map(|m| {
+            let (n, k) = (m.rows(), m.cols());
+            let mut r = vec![0f32; k];
+            let mut out = vec![0u16; n * k];
+            for j in 0..n {
+                m.row_f32(j, &mut r);
+                for kk in 0..k {
+                    out[j * k + kk] = f32_to_bf16(r[kk]);
+                }
+            }
+            out
+        })
+        .collect();
+    let maxk = s.hidden.max(s.inter);
+    let maxn = s.vocab.max(2 * s.inter);
+    for rows in [1usize, 8, 64, 512] {
+        let x = vec![0.01f32; maxk * rows];
+        let mut y = vec![0.0f32; maxn * rows];
+        let (mut tp, mut tr) = (Vec::new(), Vec::new());
+        for _ in 0..if rows >= 64 { 2 } else { 15 } {
+            let t = Instant::now();
+            for m in &mats {
+                let (n, k) = (m.rows(), m.cols());
+                panel_linear(
+                    isa,
+                    &pool,
+                    &x[..rows * k],
+                    rows,
+                    &m.0,
+                    None,
+                    &mut y[..rows * n],
+                );
+            }
+            tp.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for (m, r) in mats.iter().zip(&rowmajor) {
+                let (n, k) = (m.rows(), m.cols());
+                linear(
+                    isa,
+                    &pool,
+                    &x[..rows * k],
+                    rows,
+                    k,
+                    Weight::Bf16(r),
+                    n,
+                    None,
+                    &mut y[..rows * n],
+                );
+            }
+            tr.push(t.elapsed().as_secs_f64());
+        }
+        let (p, r) = (median(tp), median(tr));
+        println!(
+            "linears alone, {rows} row(s): panel {:.2} ms ({:.1} GB/s), row-major {:.2} ms ({:.1} GB/s)",
+            p * 1e3,
+            bytes / p / 1e9,
+            r * 1e3,
+            bytes / r / 1e9
+        );
+    }
+
+    // Decode steps (batch 1), then 8 sequences per step.
+    let vocab = s.vocab;
+    let prompt: Vec<u32> = (0..64).map(|i| (i * 7 + 3) as u32 % vocab as u32).collect();
+    let mut logits = vec![0.0f32; 8 * vocab];
+    for bsz in [1usize, 8] {
+        for slot in 0..bsz {
+            dec.truncate(slot, 0).unwrap();
+            let one = [SeqStep {
+                slot,
+                tokens: &prompt,
+                logits: Logits::None,
+            }];
+            dec.step(isa, &pool, &one, &mut []).unwrap();
+        }
+        let mut ts = Vec::new();
+        for i in 0..64 {
+            let toks: Vec<[u32; 1]> = (0..bsz).map(|b| [((i * 31 + b) % vocab) as u32]).collect();
+            let batch: Vec<SeqStep<'_>> = (0..bsz)
+                .map(|b| SeqStep {
+                    slot: b,
+                    tokens: &toks[b],
+                    logits: Logits::Last,
+                })
+                .collect();
+            let t = Instant::now();
+            dec.step(isa, &pool, &batch, &mut logits[..bsz * vocab])
+                .unwrap();
+            ts.push(t.elapsed().as_secs_f64());
+        }
+        let step = median(ts);
+        println!(
+            "decode, {bsz} sequence(s): {:.2} ms/step, {:.1} tokens/s, {:.1} GB/s of weights",
+            step * 1e3,
+            bsz as f64 / step,
+            bytes / step / 1e9
+        );
+    }
+    // Prompt of 512 tokens.
+    let p512: Vec<u32> = (0..512)
+        .map(|i| (i * 13 + 5) as u32 % vocab as u32)
+        .collect();
+    let mut ts = Vec::new();
+    for _ in 0..3 {
+        dec.truncate(0, 0).unwrap();
+        let one = [SeqStep {
+            slot: 0,
+            tokens: &p512,
+            logits: Logits::Last,
+        }];
+        let t = Instant::now();
+        dec.step(isa, &pool, &one, &mut logits[..vocab]).unwrap();
+        ts.push(t.elapsed().as_secs_f64());
+    }
+    println!("prompt 512: {:.0} tokens/s", 512.0 / median(ts));
+    println!("pool stalls: {}", pool.stalls());
+    silu_check();
+}
+
+#[allow(dead_code)]
+fn silu_check() {
+    use kwker_kernels::decoder::ops::{silu_mul, silu_mul_scalar};
+    let n = 1536;
+    let gu: Vec<f32> = (0..512 * 2 * n).map(|i| ((i % 97) as f32 - 48.0) * 0.1).collect();
+    let mut out = vec![0.0f32; 512 * n];
+    for isa in kwker_kernels::isa::supported() {
+        let t = Instant::now();
+        silu_mul(isa, &gu, n, &mut out);
+        println!("silu {} {:.2} ms", isa.name(), t.elapsed().as_secs_f64() * 1e3);
+    }
+    let t = Instant::now();
+    for r in 0..512 {
+        let row = &gu[r * 2 * n..(r + 1) * 2 * n];
+        silu_mul_scalar(&row[..n], &row[n..], &mut out[r * n..(r + 1) * n]);
+    }
+    println!("silu scalar {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
+}
