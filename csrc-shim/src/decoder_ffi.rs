@@ -5,14 +5,17 @@
 //! tensor (copied in), `kwker_decoder_build`. Every call returns 0 or a non-zero code with a message
 //! in `err`; panics are caught. Each decoder has its own lock: calls from several threads on one
 //! decoder run one after another; different decoders run concurrently. Steps run on the process's
-//! decoder pool (`pool.rs`), sized by KWKER_NUM_THREADS or torch's thread count.
+//! decoder pool (`pool.rs`), sized by KWKER_NUM_THREADS or torch's thread count
+//! (`KWKER_DECODER_POOL=torch` uses torch's intra-op pool instead, to compare the two).
 use crate::config::{current_isa, thread_cap};
 use crate::error::guarded;
+use crate::torch_pool::TorchPool;
 use kwker_kernels::decoder::builder::{Builder, Data, Kind};
 use kwker_kernels::decoder::config::Config;
 use kwker_kernels::decoder::generate::{generate, Finish, GenParams};
 use kwker_kernels::decoder::sample::SampleParams;
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
+use kwker_kernels::par::Parallel;
 use kwker_kernels::pool::SpinPool;
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
@@ -72,6 +75,17 @@ fn pool() -> Arc<SpinPool> {
             *g = Some(Arc::clone(&p));
             p
         }
+    }
+}
+
+/// Runs `f` on the decoder's pool, or on torch's intra-op pool when `KWKER_DECODER_POOL=torch` (read at
+/// every step, ~0.2 us, so a benchmark can switch within one process to measure one against the other).
+fn with_pool<R>(f: impl FnOnce(&dyn Parallel) -> R) -> R {
+    let torch = std::env::var_os("KWKER_DECODER_POOL").is_some_and(|v| v == "torch");
+    if torch {
+        f(&TorchPool::new())
+    } else {
+        f(&*pool())
     }
 }
 
@@ -301,7 +315,7 @@ pub unsafe extern "C" fn kwker_decoder_step(
             unsafe { std::slice::from_raw_parts_mut(logits, len) }
         };
         let mut dec = lock(h);
-        dec.step(current_isa(), &*pool(), &batch, out)
+        with_pool(|par| dec.step(current_isa(), par, &batch, out))
     })
 }
 
@@ -509,14 +523,8 @@ pub unsafe extern "C" fn kwker_decoder_generate(
             None => true,
         };
         let mut dec = lock(h);
-        let results = generate(
-            &mut dec,
-            current_isa(),
-            &*pool(),
-            &seqs,
-            &params,
-            &mut on_token,
-        )?;
+        let results =
+            with_pool(|par| generate(&mut dec, current_isa(), par, &seqs, &params, &mut on_token))?;
         for (i, (toks, finish)) in results.iter().enumerate() {
             for (j, &t) in toks.iter().enumerate() {
                 // SAFETY: j < max_new (generate never returns more) and out holds n * max_new.

@@ -26,12 +26,16 @@ use crate::par::Parallel;
 /// A worker polls for new jobs this long after its last one before parking.
 const SPIN: Duration = Duration::from_micros(1500);
 /// The caller waiting this long (plus four of its own average task times) for tasks claimed by others
-/// counts as a stall: a worker that is running finishes a claimed task in about one task time.
-const STALL: Duration = Duration::from_micros(250);
+/// counts as a stall: a worker that is running finishes a claimed task in about one task time, and a
+/// descheduled one is away for a scheduler time slice (milliseconds). At 250 us this VM's own jitter
+/// triggered 5-10 stalls per quiet benchmark run, costing 13 % of the decode rate; at 1 ms, none.
+const STALL: Duration = Duration::from_micros(1000);
 /// After a stall the caller runs regions alone this long.
-const SOLO: Duration = Duration::from_millis(25);
+const SOLO: Duration = Duration::from_millis(20);
 /// Tasks per thread the kernels are asked to split into (`num_threads()` reports threads * this), so
-/// the thread that is running can take over the share of one that is not.
+/// the thread that is running can take over the share of one that is not. Measured (bench_pool.py,
+/// SmolLM2-135M tg, one process, interleaved with torch's pool): 2 costs ~6 % quiet against torch's
+/// static split (1 is at parity) and slows 1.5x under a pinned busy loop (1: 1.9x; torch's pool: 3.2-3.6x).
 const OVERSPLIT: usize = 2;
 
 /// One job, on the caller's stack while `run` lasts.
