@@ -123,7 +123,11 @@ def test_step_executor_plan_cache_under_threads() -> None:
 
         assert run_threads([lambda o=o: hammer(o) for o in range(4)]) == [True] * 4
     assert len(ex.plans) <= 2
-    assert any(p is not None and p.runs > 0 for p in ex.plans.values())  # native plans ran
+    with torch.no_grad():  # the native path still works after the contention (planned, then run)
+        for _ in range(3):
+            torch.testing.assert_close(ex(inputs[0]), want[0], atol=1e-5, rtol=1e-5)
+    plan = ex.plans[(tuple(inputs[0].shape),)]
+    assert plan is not None and plan.runs >= 1
 
 
 class _Mlp(torch.nn.Module):
