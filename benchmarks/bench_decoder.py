@@ -135,13 +135,15 @@ def bench_pptg(name: str, rounds: int, triad: float, rows: list, batch_rows: lis
     paths = ggufs(name, model)
     del model
     gc.collect()
-    floor_ms = wb / (triad * 1e9) * 1e3
     with LlamaCppWorker("native") as bf, LlamaCppWorker("native") as f32:
         bf_info = bf.load(paths["bf16"], n_ctx=4096, n_batch=512, n_seq_max=8)
         f32.load(paths["f32"], n_ctx=4096, n_batch=512)
         if "pptg" in sections:
             t: dict[str, dict[str, list[float]]] = {c: {"pp": [], "tg": []} for c in ("kwker", "bf16", "f32")}
+            triads: list[float] = []
             for r in range(rounds + 1):  # round 0 warms up
+                if r:  # this VM's bandwidth drifts: the floor uses the triad measured between the rounds
+                    triads.append(stream_triad_gbs(rounds=3))
                 for c in ("kwker", "bf16", "f32"):
                     time.sleep(0.2)  # let the other contenders' spinning threads settle
                     pp = kwk_pp(dec) if c == "kwker" else (bf if c == "bf16" else f32).pp(512)
@@ -152,13 +154,16 @@ def bench_pptg(name: str, rounds: int, triad: float, rows: list, batch_rows: lis
                 say(f"  round {r}: " + ", ".join(f"{c} pp {t[c]['pp'][-1]:.0f} tg {t[c]['tg'][-1]:.1f}"
                                                   for c in t if t[c]["pp"]))  # fmt: skip
             med = {c: {k: statistics.median(v) for k, v in d.items()} for c, d in t.items()}
+            floor_ms = wb / (statistics.median(triads) * 1e9) * 1e3
+            say(f"  triad during the rounds: {', '.join(f'{x:.1f}' for x in triads)} GB/s")
             for c, desc in (("kwker", "KwkDecoder preserve (bf16 weights)"), ("bf16", "llama.cpp BF16"),
                             ("f32", "llama.cpp F32")):  # fmt: skip
                 tg_ms = 1e3 / med[c]["tg"]
                 gbs = (wb if c != "f32" else 2 * wb) / (tg_ms / 1e3) / 1e9
                 rows.append([label, desc, med[c]["pp"], med[c]["pp"] / med["bf16"]["pp"], med[c]["tg"],
                              med[c]["tg"] / med["bf16"]["tg"], med[c]["tg"] / med["f32"]["tg"], gbs,
-                             floor_ms / tg_ms if c != "f32" else 2 * floor_ms / tg_ms])  # fmt: skip
+                             floor_ms / tg_ms if c != "f32" else 2 * floor_ms / tg_ms,
+                             statistics.median(triads)])  # fmt: skip
             say(table(PPTG_HEADERS, rows[-3:]))
         if "batch" in sections:
             res: dict[int, dict[str, list[float]]] = {n: {"kwker": [], "bf16": []} for n in (1, 4, 8)}
@@ -181,7 +186,7 @@ def bench_pptg(name: str, rounds: int, triad: float, rows: list, batch_rows: lis
 
 
 PPTG_HEADERS = ["model", "contender", "pp512 tok/s", "vs llama.cpp BF16", "tg128 tok/s", "vs llama.cpp BF16",
-                "vs llama.cpp F32", "GB/s of weights", "floor / step"]  # fmt: skip
+                "vs llama.cpp F32", "GB/s of weights", "floor / step", "triad GB/s"]  # fmt: skip
 BATCH_HEADERS = ["model", "sequences", "kwker gen tok/s (sum)", "vs 1 sequence", "llama.cpp BF16 gen tok/s",
                  "kwker vs llama.cpp"]  # fmt: skip
 HF_HEADERS = ["run", "weights read", "tok/s (prefill + 128 new)", "vs torch f32 eager", "tokens = torch f32"]

@@ -295,12 +295,18 @@ fn main() {
 fn silu_check() {
     use kwker_kernels::decoder::ops::{silu_mul, silu_mul_scalar};
     let n = 1536;
-    let gu: Vec<f32> = (0..512 * 2 * n).map(|i| ((i % 97) as f32 - 48.0) * 0.1).collect();
+    let gu: Vec<f32> = (0..512 * 2 * n)
+        .map(|i| ((i % 97) as f32 - 48.0) * 0.1)
+        .collect();
     let mut out = vec![0.0f32; 512 * n];
     for isa in kwker_kernels::isa::supported() {
         let t = Instant::now();
         silu_mul(isa, &gu, n, &mut out);
-        println!("silu {} {:.2} ms", isa.name(), t.elapsed().as_secs_f64() * 1e3);
+        println!(
+            "silu {} {:.2} ms",
+            isa.name(),
+            t.elapsed().as_secs_f64() * 1e3
+        );
     }
     let t = Instant::now();
     for r in 0..512 {
