@@ -16,7 +16,7 @@ Models (``--models``): the real SmolLM2-135M and random-initialised SmolLM2-360M
 (exact published shapes). llama.cpp comes from ``python -m kwker_torch.peer.build`` (benchmark-only); GGUFs
 are exported once into its cache folder.
 
-Run: ``python benchmarks/bench_decoder.py [--rounds 5] [--models ...] [--sections ...]``. Results go to
+Run: ``python benchmarks/bench_decoder.py [--rounds 5] [--models ...] [--sections ...] [--isa avx2]``. Results go to
 ``benchmarks/results/decoder.json``; tables are printed as they are measured.
 """
 
@@ -44,6 +44,7 @@ from kwker_torch.peer.llama_cpp import LlamaCppWorker
 
 MODELS = ["SmolLM2-135M", "SmolLM2-360M", "Qwen2.5-0.5B", "SmolLM2-1.7B"]
 SECTIONS = ["pptg", "batch", "hf", "contention"]
+PEER_KIND = "native"  # the llama.cpp build: "native" (-DGGML_NATIVE=ON) or "avx2" (--isa avx2)
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -135,7 +136,7 @@ def bench_pptg(name: str, rounds: int, triad: float, rows: list, batch_rows: lis
     paths = ggufs(name, model)
     del model
     gc.collect()
-    with LlamaCppWorker("native") as bf, LlamaCppWorker("native") as f32:
+    with LlamaCppWorker(PEER_KIND) as bf, LlamaCppWorker(PEER_KIND) as f32:
         bf_info = bf.load(paths["bf16"], n_ctx=4096, n_batch=512, n_seq_max=8)
         f32.load(paths["f32"], n_ctx=4096, n_batch=512)
         if "pptg" in sections:
@@ -239,7 +240,7 @@ def bench_contention(rounds: int, rows: list) -> None:
     dec = KwkDecoder.from_hf(model, max_batch=1, max_context=1024)
     paths = ggufs("SmolLM2-135M", model)
     ids = chat_ids(tok, PROMPT)
-    with LlamaCppWorker("native") as bf:
+    with LlamaCppWorker(PEER_KIND) as bf:
         bf.load(paths["bf16"], n_ctx=4096, n_batch=512)
         runs: dict[str, Callable[[], float]] = {
             "KwkDecoder tg128": lambda: kwk_tg(dec) / 128,
@@ -277,7 +278,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
+    p.add_argument("--isa", choices=["native", "avx2"], default="native",
+                   help="avx2: KwkDecoder forced to its AVX2 tier against llama.cpp built for AVX2 only")
     a = p.parse_args()
+    global PEER_KIND
+    PEER_KIND = a.isa
+    if a.isa == "avx2":
+        kwker_torch.set_isa("avx2")
     torch.set_num_threads(2)
     say(f"{machine()}; kwker tier {kwker_torch.isa()}, {kwker_torch.num_threads()} threads")
     say(f"CPU flags: {cpu_flags()}")
@@ -304,7 +311,8 @@ def main() -> None:
         results.update(contention=cont)
     results["triad_gbs_end"] = stream_triad_gbs()
     say(f"\nSTREAM triad at the end {results['triad_gbs_end']:.1f} GB/s")
-    say(f"saved {save('decoder', results)}")
+    results["isa"] = a.isa
+    say(f"saved {save('decoder' if a.isa == 'native' else 'decoder_avx2', results)}")
 
 
 if __name__ == "__main__":

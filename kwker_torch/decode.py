@@ -97,6 +97,11 @@ class _Installed:
                     f"{self.max_batch}; call decode.install(model, max_batch={n})"
                 )
             while len(self.free) < n:
+                if not self.leases:  # slots still held by caches being collected in another thread
+                    raise RuntimeError(
+                        f"kwker: no free decoder slot for a batch of {n} (all {self.max_batch} are being released "
+                        "by another thread); retry, or call decode.install(model, max_batch=...) with more slots"
+                    )
                 key, ref = next(iter(self.leases.items()))
                 old = ref()
                 if old is None:  # collected; its finalizer is returning the slots
@@ -287,6 +292,8 @@ def _forward(model: torch.nn.Module, inst: _Installed, *args: Any, **kwargs: Any
         raise ValueError(f"kwker: input_ids are on {input_ids.device}; KwkDecoder runs on the CPU")
     b, t = input_ids.shape
     use_cache = bool(getattr(model.config, "use_cache", True)) if use_cache is None else bool(use_cache)
+    # One lock over leasing, the native step and the bookkeeping: another thread can neither evict these
+    # slots nor rebuild the decoder while this step uses them (the decoder runs one step at a time anyway).
     with inst.lock:
         if isinstance(cache, KwkCache):
             cache.check()
@@ -299,40 +306,41 @@ def _forward(model: torch.nn.Module, inst: _Installed, *args: Any, **kwargs: Any
             kc = _make_cache(inst, b)
             for slot in kc.slots:
                 inst.decoder.reset(slot)
-    seen = kc.seen
-    if attention_mask is None:
-        mask = torch.ones(b, seen + t, dtype=torch.long)
-    else:
-        mask = attention_mask
-        if mask.dim() != 2 or mask.shape[0] != b or mask.shape[1] != seen + t:
-            return fallback(f"an attention mask of shape {tuple(mask.shape)} (expected 2-D [batch, past + new])")
-    try:
-        runs = _row_runs(mask, position_ids, seen, t)
-    except _Fallback as e:
-        if seen == 0:
-            kc._finalizer()
-        return fallback(str(e))
-    dec = kc._inst.decoder
-    last = isinstance(logits_to_keep, int) and logits_to_keep == 1  # generate(): only the next-token logits
-    seqs, modes, rows = [], [], []
-    for i, (keep, pos) in enumerate(runs):
-        if not keep:
-            continue
-        slot = kc.slots[i]
-        if dec.slot_len(slot) == 0:
-            dec.set_position(slot, pos)  # type: ignore[arg-type]
-        seqs.append((slot, input_ids[i, -t:][keep]))
-        # A row whose last column is padding has no next-token logits (0, as for every padded position).
-        modes.append(("last" if keep[-1] == t - 1 else "none") if last else "all")
-        rows.append((i, keep))
-    out = dec.step(seqs, logits=modes) if seqs else []
-    kc.seen = seen + t
-    logits = torch.zeros(b, 1 if last else t, dec.vocab_size, dtype=torch.float32)
-    for (i, keep), lg, m in zip(rows, out, modes, strict=True):
-        if m == "last":
-            logits[i, 0] = lg[0]
-        elif m == "all":
-            logits[i, keep] = lg
+        seen = kc.seen
+        if attention_mask is None:
+            mask = torch.ones(b, seen + t, dtype=torch.long)
+        else:
+            mask = attention_mask
+            if mask.dim() != 2 or mask.shape[0] != b or mask.shape[1] != seen + t:
+                shape = tuple(mask.shape)
+                return fallback(f"an attention mask of shape {shape} (expected 2-D [batch, past + new])")
+        try:
+            runs = _row_runs(mask, position_ids, seen, t)
+        except _Fallback as e:
+            if seen == 0:
+                kc._finalizer()
+            return fallback(str(e))
+        dec = kc._inst.decoder
+        last = isinstance(logits_to_keep, int) and logits_to_keep == 1  # generate(): only the next-token logits
+        seqs, modes, rows = [], [], []
+        for i, (keep, pos) in enumerate(runs):
+            if not keep:
+                continue
+            slot = kc.slots[i]
+            if dec.slot_len(slot) == 0:
+                dec.set_position(slot, pos)  # type: ignore[arg-type]
+            seqs.append((slot, input_ids[i, -t:][keep]))
+            # A row whose last column is padding has no next-token logits (0, as for every padded position).
+            modes.append(("last" if keep[-1] == t - 1 else "none") if last else "all")
+            rows.append((i, keep))
+        out = dec.step(seqs, logits=modes) if seqs else []
+        kc.seen = seen + t
+        logits = torch.zeros(b, 1 if last else t, dec.vocab_size, dtype=torch.float32)
+        for (i, keep), lg, m in zip(rows, out, modes, strict=True):
+            if m == "last":
+                logits[i, 0] = lg[0]
+            elif m == "all":
+                logits[i, keep] = lg
     if not (isinstance(logits_to_keep, int) and logits_to_keep in (0, 1)):
         logits = logits[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else logits[:, logits_to_keep]
     loss = None

@@ -208,6 +208,7 @@ class KwkDecoder:
         self.max_context = max_context
         self.info = info  # what was stored how (dtypes, bytes): for reports and tests
         self.native_steps = 0  # native calls made (tests prove the fast path ran with it)
+        self._count_lock = threading.Lock()
         self._err = threading.local()
         self._callback_thread: int | None = None
         self._eos: list[int] = []
@@ -253,6 +254,11 @@ class KwkDecoder:
             )
         rotary = inner.rotary_emb
         inv_freq = rotary.inv_freq.detach().float().contiguous()
+        if inv_freq.numel() != head_dim // 2:
+            raise ValueError(
+                f"kwker: the rotary embedding has {inv_freq.numel()} frequencies for head_dim {head_dim} (a partial "
+                "rotary factor such as partial_rotary_factor < 1); KwkDecoder rotates the whole head only"
+            )
         tied = model.lm_head.weight is inner.embed_tokens.weight or bool(getattr(cfg, "tie_word_embeddings", False))
         if tied and not torch.equal(model.lm_head.weight, inner.embed_tokens.weight):
             tied = False  # a config that says tied, with separate weights: keep both
@@ -271,7 +277,7 @@ class KwkDecoder:
         info: dict[str, Any] = {"bf16_matrices": 0, "f32_matrices": 0, "tied_embeddings": tied, "kv_bytes": kv_bytes}
         try:
             with torch.no_grad():
-                cls._load(b, model, info, err)
+                cls._load(b, model, info, err, tied)
         except BaseException:
             _native.LIB.kwker_decoder_builder_free(b)
             raise
@@ -290,7 +296,7 @@ class KwkDecoder:
         return dec
 
     @staticmethod
-    def _load(b: int, model: torch.nn.Module, info: dict, err: Any) -> None:
+    def _load(b: int, model: torch.nn.Module, info: dict, err: Any, tied: bool) -> None:
         lib = _native.LIB
 
         def put(kind: int, layer: int, t: torch.Tensor, matrix: bool) -> None:
@@ -309,9 +315,7 @@ class KwkDecoder:
         inner = model.model
         put(EMBED, 0, inner.embed_tokens.weight, True)
         put(FINAL_NORM, 0, inner.norm.weight, False)
-        if model.lm_head.weight is not inner.embed_tokens.weight and not torch.equal(
-            model.lm_head.weight, inner.embed_tokens.weight
-        ):
+        if not tied:  # the same rule the config given to Rust was made with
             put(LM_HEAD, 0, model.lm_head.weight, True)
         for i, layer in enumerate(inner.layers):
             a, mlp = layer.self_attn, layer.mlp
@@ -440,7 +444,8 @@ class KwkDecoder:
             _native.LIB.kwker_decoder_step, len(seqs), _ptr(slots, ctypes.c_int64), _ptr(n_tok, ctypes.c_int64),
             _ptr(flat, ctypes.c_int64), _ptr(mode_t, ctypes.c_int32), _ptr(out, ctypes.c_float), out.numel(),
         )  # fmt: skip
-        self.native_steps += 1
+        with self._count_lock:
+            self.native_steps += 1
         return list(out.split(rows))
 
     def score(self, ids: Sequence[int] | torch.Tensor, slot: int = 0) -> torch.Tensor:
@@ -528,7 +533,8 @@ class KwkDecoder:
         )  # fmt: skip
         if rc:
             raise DecoderError(f"kwker: {err.value.decode()}")
-        self.native_steps += 1
+        with self._count_lock:
+            self.native_steps += 1
 
 
 def cfg_i(lin: torch.nn.Linear) -> int:

@@ -84,6 +84,7 @@ def test_left_padded_batch_equals_hf() -> None:
     want, ref = with_logits(model, ids, 12, attention_mask=mask, pad_token_id=0)
     decode.install(model, max_batch=4, max_context=64)
     got, logits = with_logits(model, ids, 12, attention_mask=mask, pad_token_id=0)
+    assert decode.decoder_of(model).native_steps == 12  # the prompt and 11 decode steps, all native
     assert torch.equal(got, want)
     assert max(rel(a, b) for a, b in zip(logits, ref, strict=True)) <= TOL
 
@@ -122,6 +123,7 @@ def test_sampling_streamer_stopping_criteria_and_outputs() -> None:
 
     decode.install(model, max_batch=2, max_context=64)
     assert torch.equal(sample(), want)  # HF's own sampler, the same RNG draws, on logits equal to 1e-6
+    assert decode.decoder_of(model).native_steps == 20
     streamer = Collect()
     out = generate_greedy(model, ids, 30, streamer=streamer, stopping_criteria=StoppingCriteriaList([StopAfter(5)]))
     assert out.shape[1] == ids.shape[1] + 5
@@ -183,10 +185,11 @@ def test_weight_changes_after_install_rebuild_the_decoder() -> None:
         model(ids)
         model.model.layers[0].mlp.down_proj.weight.mul_(2.0)
         got = model(ids).logits
+        rebuilt = decode.decoder_of(model)
         decode.uninstall(model)
         ref = model(ids).logits
-    assert decode.is_installed(model) is False and first is not None
     assert rel(got, ref) <= TOL
+    assert rebuilt is not first and rebuilt.native_steps == 1  # a new decoder ran the changed weights
 
 
 def test_bad_input_gives_clear_errors() -> None:
@@ -214,19 +217,28 @@ def test_generate_from_two_threads_equals_serial() -> None:
     model = small()
     g = torch.Generator().manual_seed(4)
     a, b = torch.randint(3, 1000, (1, 7), generator=g), torch.randint(3, 1000, (2, 5), generator=g)
-    decode.install(model, max_batch=3, max_context=64)
+    decode.install(model, max_batch=4, max_context=64)
     want = [generate_greedy(model, a, 16), generate_greedy(model, b, 16)]
-    got: list = [None, None]
+    with torch.no_grad():
+        scored = model(a).logits
+    got: list = [None, None, None]
 
     def run(i: int, ids: torch.Tensor) -> None:
         got[i] = generate_greedy(model, ids, 16)
 
+    def plain() -> None:  # a third thread leasing and releasing slots with plain forwards meanwhile
+        with torch.no_grad():
+            got[2] = all(rel(model(a).logits, scored) <= TOL for _ in range(10))
+
+    before = decode.decoder_of(model).native_steps
     threads = [threading.Thread(target=run, args=(i, x)) for i, x in enumerate((a, b))]
+    threads.append(threading.Thread(target=plain))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] is True
+    assert decode.decoder_of(model).native_steps == before + 2 * 16 + 10
 
 
 def test_kwker_alias_runs_the_documented_snippet() -> None:

@@ -23,12 +23,15 @@ FAMILIES = {
     "Llama-3.2-1B": {},  # llama3 rope scaling
     "odd-head-dim": {"hidden_size": 160, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 40,
                      "intermediate_size": 336},  # fmt: skip
+    # hidden > heads * head_dim (as Mistral-NeMo: 5120 vs 4096)
+    "wide-hidden": {"hidden_size": 192, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                    "intermediate_size": 256},  # fmt: skip
 }
 
 
 def family_model(name: str, layers: int = 2) -> torch.nn.Module:
     over = dict(FAMILIES[name])
-    base = "SmolLM2-360M" if name == "odd-head-dim" else name
+    base = "SmolLM2-360M" if name in ("odd-head-dim", "wide-hidden") else name
     return random_model(base, torch.bfloat16, num_hidden_layers=layers, **over).float()  # bf16 checkpoint as f32
 
 
@@ -258,3 +261,19 @@ def test_bad_steps_raise_clear_errors_and_leave_the_decoder_usable() -> None:
         dec.generate([1, 2], 4, temperature=1.0, top_p=0.0)
     ids = torch.arange(3, 12)
     assert rel(dec.score(ids), hf_logits(model, ids)) <= TOL  # still fine after every refusal
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_kv_cache_costs_memory_only_where_used() -> None:
+    """The KV cache is allocated zeroed by the allocator (fresh pages, not written): 8 slots x 8192
+    positions (168 MB here) add little resident memory until a slot's context reaches them."""
+    model = family_model("SmolLM2-360M", layers=1)
+    before = _rss()
+    dec = KwkDecoder.from_hf(model, max_batch=8, max_context=8192)
+    grown = _rss() - before
+    assert dec.info["kv_bytes"] == 8 * 2 * 5 * 8192 * 64 * 4
+    assert grown < dec.info["kv_bytes"] / 4, (grown, dec.info["kv_bytes"])

@@ -55,6 +55,19 @@ pub struct KwkGenParams {
 
 type TokenCallback = Option<extern "C" fn(seq: i64, token: i64, user: *mut c_void) -> i32>;
 
+/// `len` values at `ptr`, or an empty slice when `len` is 0 (then `ptr` may be null: an empty torch
+/// tensor's data pointer is).
+///
+/// # Safety
+/// When `len > 0`, `ptr` must be valid for `len` reads of T for the returned lifetime.
+unsafe fn raw_slice<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
+    if len == 0 || ptr.is_null() {
+        return &[];
+    }
+    // SAFETY: non-null and valid for len reads (the caller's contract).
+    unsafe { std::slice::from_raw_parts(ptr, len) }
+}
+
 fn size(v: i64, what: &str) -> Result<usize, String> {
     usize::try_from(v).map_err(|_| format!("{what} must be >= 0, got {v}"))
 }
@@ -129,7 +142,7 @@ pub unsafe extern "C" fn kwker_decoder_builder(
             return Err("the rotary inverse frequencies are missing".into());
         }
         // SAFETY: inv_freq holds head_dim / 2 floats (caller's contract).
-        let inv_freq = unsafe { std::slice::from_raw_parts(c.inv_freq, head_dim / 2) }.to_vec();
+        let inv_freq = unsafe { raw_slice(c.inv_freq, head_dim / 2) }.to_vec();
         let cfg = Config {
             vocab: size(c.vocab, "vocab_size")?,
             hidden: size(c.hidden, "hidden_size")?,
@@ -186,8 +199,8 @@ pub unsafe extern "C" fn kwker_decoder_set(
         // SAFETY: data holds rows * cols elements of dtype (caller's contract).
         let d = unsafe {
             match dtype {
-                0 => Data::F32(std::slice::from_raw_parts(data as *const f32, n)),
-                1 => Data::Bf16(std::slice::from_raw_parts(data as *const u16, n)),
+                0 => Data::F32(raw_slice(data as *const f32, n)),
+                1 => Data::Bf16(raw_slice(data as *const u16, n)),
                 _ => return Err(format!("unsupported dtype code {dtype}")),
             }
         };
@@ -282,16 +295,16 @@ pub unsafe extern "C" fn kwker_decoder_step(
         // SAFETY: n values each (caller's contract).
         let (slots, counts, modes) = unsafe {
             (
-                std::slice::from_raw_parts(slots, n),
-                std::slice::from_raw_parts(n_tokens, n),
-                std::slice::from_raw_parts(modes, n),
+                raw_slice(slots, n),
+                raw_slice(n_tokens, n),
+                raw_slice(modes, n),
             )
         };
         let total = counts
             .iter()
             .try_fold(0usize, |a, &c| size(c, "a token count").map(|c| a + c))?;
         // SAFETY: `total` token ids (caller's contract).
-        let ids = unsafe { std::slice::from_raw_parts(tokens, total) };
+        let ids = unsafe { raw_slice(tokens, total) };
         let ids: Vec<u32> = ids
             .iter()
             .map(|&t| u32::try_from(t).map_err(|_| format!("token id {t} is out of range")))
@@ -475,25 +488,20 @@ pub unsafe extern "C" fn kwker_decoder_generate(
         let p = unsafe { &*params };
         let n = size(n_seqs, "the number of sequences")?;
         // SAFETY: n values each (caller's contract).
-        let (slots, counts) = unsafe {
-            (
-                std::slice::from_raw_parts(slots, n),
-                std::slice::from_raw_parts(n_prompt, n),
-            )
-        };
+        let (slots, counts) = unsafe { (raw_slice(slots, n), raw_slice(n_prompt, n)) };
         let total = counts
             .iter()
             .try_fold(0usize, |a, &c| size(c, "a prompt length").map(|c| a + c))?;
         let to_u32 =
             |t: &i64| u32::try_from(*t).map_err(|_| format!("token id {t} is out of range"));
         // SAFETY: `total` prompt tokens and `n_stop` stop tokens (caller's contract).
-        let ids: Vec<u32> = unsafe { std::slice::from_raw_parts(prompt, total) }
+        let ids: Vec<u32> = unsafe { raw_slice(prompt, total) }
             .iter()
             .map(to_u32)
             .collect::<Result<_, _>>()?;
         let stop: Vec<u32> = if n_stop > 0 {
             // SAFETY: as above.
-            unsafe { std::slice::from_raw_parts(stop, n_stop as usize) }
+            unsafe { raw_slice(stop, n_stop as usize) }
                 .iter()
                 .map(to_u32)
                 .collect::<Result<_, _>>()?

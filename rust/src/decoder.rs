@@ -47,7 +47,12 @@ impl Decoder {
         let cache = KvCache::new(&cfg)?;
         // Rotary positions may run ahead of cache indices (left-padded rows keep their column as
         // position), by at most max_context (`set_next_pos`).
-        let (cos, sin) = ops::rope_tables(&cfg.inv_freq, 2 * cfg.max_context, cfg.rope_scale);
+        let positions = cfg
+            .max_context
+            .checked_mul(2)
+            .filter(|p| p.checked_mul(cfg.head_dim).is_some_and(|n| n <= 1 << 32))
+            .ok_or("max_context * head_dim is too large for the rotary tables")?;
+        let (cos, sin) = ops::rope_tables(&cfg.inv_freq, positions, cfg.rope_scale);
         Ok(Decoder {
             cfg,
             w,

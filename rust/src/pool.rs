@@ -14,7 +14,6 @@
 //! re-raised in the caller after all tasks have finished. Tasks must not call `run` on the same pool
 //! (a nested call runs inline). Results never depend on which thread runs a task.
 
-use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -41,7 +40,8 @@ const OVERSPLIT: usize = 2;
 /// One job, on the caller's stack while `run` lasts.
 struct Job<'a> {
     f: &'a (dyn Fn(usize) + Sync),
-    panicked: AtomicBool,
+    /// The first task panic's message.
+    panicked: Mutex<Option<String>>,
 }
 
 /// The claim word packs (epoch, task count, next unclaimed index) so that a claim checks all three
@@ -76,15 +76,14 @@ pub struct SpinPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
     threads: usize,
-    epoch: Cell<u64>,
-    solo_until: Cell<Option<Instant>>,
-    stalls: Cell<u64>,
+    /// Epoch of the last job (only written by the caller holding `busy`).
+    epoch: AtomicU64,
+    /// Until when (nanoseconds after `born`) callers run alone after a stall; 0 = not solo.
+    solo_until: AtomicU64,
+    born: Instant,
+    stalls: AtomicU64,
     busy: AtomicBool,
 }
-
-// SAFETY: the Cells are only touched by the thread holding `busy` (run() takes it with a compare-
-// exchange and releases it before returning), so they are never accessed concurrently.
-unsafe impl Sync for SpinPool {}
 
 impl SpinPool {
     /// A pool running tasks on `threads` threads: the caller of `run` plus `threads - 1` workers.
@@ -111,9 +110,10 @@ impl SpinPool {
             shared,
             workers,
             threads,
-            epoch: Cell::new(0),
-            solo_until: Cell::new(None),
-            stalls: Cell::new(0),
+            epoch: AtomicU64::new(0),
+            solo_until: AtomicU64::new(0),
+            born: Instant::now(),
+            stalls: AtomicU64::new(0),
             busy: AtomicBool::new(false),
         }
     }
@@ -125,7 +125,11 @@ impl SpinPool {
 
     /// Times the caller gave up waiting for a descheduled worker and ran alone for a while.
     pub fn stalls(&self) -> u64 {
-        self.stalls.get()
+        self.stalls.load(Ordering::Relaxed)
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.born.elapsed().as_nanos() as u64
     }
 }
 
@@ -164,8 +168,16 @@ fn claim(shared: &Shared, epoch: u64) -> Option<usize> {
 
 /// Runs task i of `job`, recording a panic instead of unwinding into the pool.
 fn run_task(job: &Job<'_>, i: usize) {
-    if catch_unwind(AssertUnwindSafe(|| (job.f)(i))).is_err() {
-        job.panicked.store(true, Ordering::Relaxed);
+    if let Err(p) = catch_unwind(AssertUnwindSafe(|| (job.f)(i))) {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "unknown panic".into());
+        job.panicked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(msg);
     }
 }
 
@@ -179,19 +191,16 @@ fn worker(shared: &Shared) {
         let epoch = epoch_of(shared.next.load(Ordering::Acquire));
         if epoch != seen_epoch {
             seen_epoch = epoch;
-            // Read after observing `epoch`: this job's pointer, or a later one's if that job has
-            // already finished (then no claim of `epoch` succeeds and the pointer is never used).
-            let job_ptr = shared.job.load(Ordering::Acquire);
-            if !job_ptr.is_null() {
-                while let Some(i) = claim(shared, epoch) {
-                    // SAFETY: a successful claim of epoch `epoch` means run() for that job has not
-                    // returned (it waits for `done == n`), so the Job on its stack is alive, and the
-                    // pointer read after observing `epoch` is that job's (it is replaced only after
-                    // the job has finished).
-                    let job = unsafe { &*job_ptr };
-                    run_task(job, i);
-                    shared.done.fetch_add(1, Ordering::Release);
-                }
+            while let Some(i) = claim(shared, epoch) {
+                // Loaded after the claim: the claimed task is unfinished, so the job of `epoch` is
+                // still the current one (a job is replaced only after all its tasks are done).
+                let job_ptr = shared.job.load(Ordering::Acquire);
+                // SAFETY: a successful claim of epoch `epoch` means run() for that job has not
+                // returned (it waits for `done == n`, and this task is not done), so the Job on its
+                // stack is alive and `job` still points at it.
+                let job = unsafe { &*job_ptr };
+                run_task(job, i);
+                shared.done.fetch_add(1, Ordering::Release);
             }
             idle_since = Instant::now();
             continue;
@@ -226,7 +235,7 @@ impl Parallel for SpinPool {
         if n_tasks == 0 {
             return;
         }
-        let solo = self.solo_until.get().is_some_and(|t| Instant::now() < t);
+        let solo = self.solo_until.load(Ordering::Relaxed) > self.now_ns();
         if self.threads <= 1
             || n_tasks == 1
             || solo
@@ -243,11 +252,11 @@ impl Parallel for SpinPool {
         }
         let job = Job {
             f,
-            panicked: AtomicBool::new(false),
+            panicked: Mutex::new(None),
         };
         // Epochs run 1..=EPOCH_MASK and wrap (0 is the workers' "nothing seen yet").
-        let epoch = self.epoch.get() % EPOCH_MASK + 1;
-        self.epoch.set(epoch);
+        let epoch = self.epoch.load(Ordering::Relaxed) % EPOCH_MASK + 1;
+        self.epoch.store(epoch, Ordering::Relaxed);
         let shared = &*self.shared;
         shared.done.store(0, Ordering::Relaxed);
         // The job lives until every task has finished (the wait below); workers only dereference it
@@ -279,16 +288,16 @@ impl Parallel for SpinPool {
                 while shared.done.load(Ordering::Acquire) < n_tasks {
                     std::thread::yield_now();
                 }
-                self.stalls.set(self.stalls.get() + 1);
-                self.solo_until.set(Some(Instant::now() + SOLO));
+                self.stalls.fetch_add(1, Ordering::Relaxed);
+                self.solo_until
+                    .store(self.now_ns() + SOLO.as_nanos() as u64, Ordering::Relaxed);
                 break;
             }
         }
         self.busy.store(false, Ordering::Release);
-        assert!(
-            !job.panicked.load(Ordering::Relaxed),
-            "a kernel task panicked"
-        );
+        if let Some(msg) = job.panicked.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            panic!("a kernel task panicked: {msg}");
+        }
     }
 }
 
@@ -334,14 +343,75 @@ mod tests {
         assert_eq!(again.load(Ordering::Relaxed), 8);
     }
 
+    /// Tasks that take a while, after the workers have parked: a worker must wake and take some.
     #[test]
-    fn workers_park_and_wake() {
+    fn parked_workers_wake_and_take_tasks() {
         let pool = SpinPool::new(2);
         std::thread::sleep(SPIN * 3);
-        let c = AtomicUsize::new(0);
-        pool.run(10, &|_| {
-            c.fetch_add(1, Ordering::Relaxed);
+        let caller = std::thread::current().id();
+        let by_worker = AtomicUsize::new(0);
+        for _ in 0..20 {
+            pool.run(8, &|_| {
+                std::thread::sleep(Duration::from_micros(200));
+                if std::thread::current().id() != caller {
+                    by_worker.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        assert!(
+            by_worker.load(Ordering::Relaxed) > 0,
+            "no task ran on a worker"
+        );
+    }
+
+    /// Two callers at once: one gets the workers, the other runs inline; both complete every task.
+    #[test]
+    fn concurrent_callers_each_run_all_their_tasks() {
+        let pool = SpinPool::new(2);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for n in [3usize, 17, 64] {
+                        let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                        for _ in 0..200 {
+                            pool.run(n, &|i| {
+                                hits[i].fetch_add(1, Ordering::Relaxed);
+                            });
+                        }
+                        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 200));
+                    }
+                });
+            }
         });
-        assert_eq!(c.load(Ordering::Relaxed), 10);
+    }
+
+    /// A worker that holds a task far longer than the caller's own tasks counts as a stall and sends
+    /// the next regions solo (run inline by the caller).
+    #[test]
+    fn a_stalled_worker_sends_the_pool_solo() {
+        let pool = SpinPool::new(2);
+        let caller = std::thread::current().id();
+        for _ in 0..10 {
+            // The caller's task is short (the worker has time to claim the other); the worker's long.
+            pool.run(2, &|_| {
+                let on_worker = std::thread::current().id() != caller;
+                std::thread::sleep(Duration::from_micros(if on_worker { 5000 } else { 100 }));
+            });
+            if pool.stalls() > 0 {
+                break;
+            }
+        }
+        assert_eq!(pool.stalls(), 1);
+        let off_caller = AtomicUsize::new(0);
+        pool.run(16, &|_| {
+            if std::thread::current().id() != caller {
+                off_caller.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        assert_eq!(
+            off_caller.load(Ordering::Relaxed),
+            0,
+            "a solo region ran on a worker"
+        );
     }
 }

@@ -11,6 +11,7 @@ use kwker_kernels::isa;
 use kwker_kernels::linear::{linear, Weight};
 use kwker_kernels::panel::{panel_linear, PanelWeight};
 use kwker_kernels::par::{ScopedThreads, Serial};
+use kwker_kernels::pool::SpinPool;
 
 /// |a - b| <= 1e-5 * (sum of |x_k w_k| + |bias|): f32 summation-order error, never more.
 fn check(got: &[f32], want: &[f32], scale: &[f32], what: &str) {
@@ -103,6 +104,27 @@ fn prompt_sized_gemm_matches_the_reference() {
     let mut rng = Rng::new(12);
     case(70, 224, 576, true, true, &mut rng);
     case(30, 100, 1536, false, false, &mut rng);
+}
+
+/// Shapes big enough to be cut into several tasks, on the decoder's own pool: every tier equals the
+/// serial result of the same tier exactly (tasks own disjoint panels; no sum depends on the split).
+#[test]
+fn split_across_the_decoders_pool_equals_serial() {
+    let mut rng = Rng::new(14);
+    let pool = SpinPool::new(3);
+    for &(m, n, k) in &[(1, 4096, 256), (8, 1000, 576), (40, 520, 300)] {
+        let x = rng.vec(m * k);
+        let w = PanelWeight::from_bf16(&rng.bf16_vec(n * k), n, k);
+        let b = rng.vec(n);
+        for tier in isa::supported() {
+            let (mut serial, mut split) = (vec![0.0f32; m * n], vec![f32::NAN; m * n]);
+            panel_linear(tier, &Serial, &x, m, &w, Some(&b), &mut serial);
+            for _ in 0..3 {
+                panel_linear(tier, &pool, &x, m, &w, Some(&b), &mut split);
+                assert_eq!(serial, split, "{} m={m} n={n} k={k}", tier.name());
+            }
+        }
+    }
 }
 
 #[test]

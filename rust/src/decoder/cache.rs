@@ -18,6 +18,23 @@ pub struct Slot {
     next_pos: usize,
 }
 
+/// `n` zeroed f32s from the allocator's zeroed path (fresh pages from the OS stay untouched, so a slot
+/// costs memory only as far as its context is used), or None when the allocation fails.
+fn zeroed(n: usize) -> Option<Vec<f32>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    // SAFETY: the layout has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: ptr was allocated by the global allocator with the layout of [f32; n] (exactly what a
+    // Vec<f32> of capacity n uses), and all n values are initialised (zero bits are 0.0f32).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
 pub struct KvCache {
     slots: Vec<Slot>,
     kv_heads: usize,
@@ -28,20 +45,18 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(cfg: &Config) -> Result<KvCache, String> {
-        let per_slot = cfg
-            .layers
-            .checked_mul(2 * cfg.kv_heads * cfg.max_context * cfg.head_dim)
-            .ok_or("the KV cache size overflows")?;
+        let per_slot = [cfg.layers, 2, cfg.kv_heads, cfg.max_context, cfg.head_dim]
+            .iter()
+            .try_fold(1usize, |a, &b| a.checked_mul(b))
+            .ok_or("the KV cache size overflows; lower max_context or max_batch")?;
         let mut slots = Vec::with_capacity(cfg.slots);
         for _ in 0..cfg.slots {
-            let mut kv = Vec::new();
-            kv.try_reserve_exact(per_slot).map_err(|_| {
+            let kv = zeroed(per_slot).ok_or_else(|| {
                 format!(
                     "cannot allocate a KV cache of {} MB per slot; lower max_context or max_batch",
                     (per_slot * 4) >> 20
                 )
             })?;
-            kv.resize(per_slot, 0.0);
             slots.push(Slot {
                 kv,
                 tokens: Vec::new(),
@@ -162,7 +177,11 @@ impl KvCache {
         }
         to.tokens.clear();
         to.tokens.extend_from_slice(&from.tokens[..len]);
-        to.next_pos = from.next_pos - (have - len);
+        to.next_pos = if len == 0 {
+            0
+        } else {
+            from.next_pos - (have - len)
+        };
         Ok(())
     }
 }

@@ -64,6 +64,8 @@ pub struct Scratch {
     act: Vec<f32>,
     /// One sequence's attention output, [heads][tokens][head_dim].
     tmp: Vec<f32>,
+    /// The rows whose logits are wanted, gathered from `x` ([rows][hidden]).
+    fin: Vec<f32>,
     rows: usize,
 }
 
@@ -80,6 +82,7 @@ impl Scratch {
         grow(&mut self.gu, 2 * cfg.intermediate);
         grow(&mut self.act, cfg.intermediate);
         grow(&mut self.tmp, cfg.q_width());
+        grow(&mut self.fin, cfg.hidden);
         self.rows = rows;
     }
 }
@@ -179,11 +182,11 @@ pub fn step(
             let hd = cfg.hidden;
             for (i, &r) in want.iter().enumerate() {
                 let (src, dst) = (r * hd, i * hd);
-                s.attn[dst..dst + hd].copy_from_slice(&s.x[src..src + hd]);
+                s.fin[dst..dst + hd].copy_from_slice(&s.x[src..src + hd]);
             }
             let m = want.len();
             ops::rms_norm(
-                &s.attn[..m * hd],
+                &s.fin[..m * hd],
                 &model.w.final_norm,
                 cfg.rms_eps,
                 &mut s.h[..m * hd],

@@ -99,7 +99,6 @@ unsafe fn one_row<const BF16: bool>(x: *const f32, w: *const u8, k: usize) -> [_
 /// Writes (or adds to) the 32 outputs of row `i`, columns `col..`, keeping columns < n.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
 unsafe fn store(job: &Job<'_>, i: usize, col: usize, mut v: [__m512; 2], add: bool, bias: bool) {
     let n = job.w.n();
     let valid = (n - col).min(PANEL);
@@ -109,18 +108,22 @@ unsafe fn store(job: &Job<'_>, i: usize, col: usize, mut v: [__m512; 2], add: bo
         (1u32 << valid) - 1
     };
     let masks = [bits as __mmask16, (bits >> 16) as __mmask16];
-    let y = job.y.get().add(i * n + col);
     for h in 0..2 {
         let (m, off) = (masks[h], 16 * h);
+        if m == 0 {
+            continue; // no valid column in this half: its address may lie past the end of y
+        }
+        // In bounds: column col + off < n, so the row's element is inside y's m * n values.
+        let y = job.y.get().add(i * n + col + off);
         if add {
-            v[h] = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y.add(off)), v[h]);
+            v[h] = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y), v[h]);
         }
         if bias {
             if let Some(b) = job.bias {
                 v[h] = _mm512_add_ps(v[h], _mm512_maskz_loadu_ps(m, b.as_ptr().add(col + off)));
             }
         }
-        _mm512_mask_storeu_ps(y.add(off), m, v[h]);
+        _mm512_mask_storeu_ps(y, m, v[h]);
     }
 }
 
