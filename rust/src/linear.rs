@@ -119,13 +119,7 @@ pub fn linear(
         return;
     }
     if k == 0 {
-        // Empty sums: y is just the bias broadcast over rows.
-        for row in y.chunks_exact_mut(n) {
-            match bias {
-                Some(b) => row.copy_from_slice(b),
-                None => row.fill(0.0),
-            }
-        }
+        broadcast_bias(y, n, bias);
         return;
     }
 
@@ -178,6 +172,16 @@ pub fn linear(
         }
     };
     run_tasks(par, tiles.len(), &task);
+}
+
+/// Empty sums (k = 0): every row of y [.., n] is the bias, or zeros.
+pub(crate) fn broadcast_bias(y: &mut [f32], n: usize, bias: Option<&[f32]>) {
+    for row in y.chunks_exact_mut(n) {
+        match bias {
+            Some(b) => row.copy_from_slice(b),
+            None => row.fill(0.0),
+        }
+    }
 }
 
 /// Signature shared by every tier's `gemv` and `gemm`: fill the tile `rows x cols` of y.

@@ -53,43 +53,41 @@ fn slot(j: usize) -> usize {
     }
 }
 
+/// Row-major [n, k] values into zero-padded panels, row j at position `at(j)` of its panel's 32.
+fn pack<T: Copy + Default>(w: &[T], n: usize, k: usize, at: impl Fn(usize) -> usize) -> Vec<T> {
+    assert_eq!(
+        w.len(),
+        n * k,
+        "panel: {} values for a [{n}, {k}] matrix",
+        w.len()
+    );
+    let mut data = vec![T::default(); n.div_ceil(PANEL) * k * PANEL];
+    for j in 0..n {
+        let base = (j / PANEL) * k * PANEL + at(j);
+        for kk in 0..k {
+            data[base + kk * PANEL] = w[j * k + kk];
+        }
+    }
+    data
+}
+
 impl PanelWeight {
     /// Packs a row-major bf16 [n, k] matrix.
     pub fn from_bf16(w: &[u16], n: usize, k: usize) -> PanelWeight {
-        assert_eq!(
-            w.len(),
-            n * k,
-            "panel: {} values for a [{n}, {k}] matrix",
-            w.len()
-        );
-        let panels = n.div_ceil(PANEL);
-        let mut data = vec![0u16; panels * k * PANEL];
-        for j in 0..n {
-            let base = (j / PANEL) * k * PANEL + slot(j);
-            for kk in 0..k {
-                data[base + kk * PANEL] = w[j * k + kk];
-            }
+        PanelWeight::Bf16 {
+            data: pack(w, n, k, slot),
+            n,
+            k,
         }
-        PanelWeight::Bf16 { data, n, k }
     }
 
     /// Packs a row-major f32 [n, k] matrix (rows in natural order within a panel).
     pub fn from_f32(w: &[f32], n: usize, k: usize) -> PanelWeight {
-        assert_eq!(
-            w.len(),
-            n * k,
-            "panel: {} values for a [{n}, {k}] matrix",
-            w.len()
-        );
-        let panels = n.div_ceil(PANEL);
-        let mut data = vec![0f32; panels * k * PANEL];
-        for j in 0..n {
-            let base = (j / PANEL) * k * PANEL + j % PANEL;
-            for kk in 0..k {
-                data[base + kk * PANEL] = w[j * k + kk];
-            }
+        PanelWeight::F32 {
+            data: pack(w, n, k, |j| j % PANEL),
+            n,
+            k,
         }
-        PanelWeight::F32 { data, n, k }
     }
 
     pub fn n(&self) -> usize {
@@ -194,12 +192,7 @@ pub fn panel_linear(
         return;
     }
     if k == 0 {
-        for row in y.chunks_exact_mut(n) {
-            match bias {
-                Some(b) => row.copy_from_slice(b),
-                None => row.fill(0.0),
-            }
-        }
+        crate::linear::broadcast_bias(y, n, bias);
         return;
     }
     let job = Job {
