@@ -64,14 +64,17 @@ def _cache_base() -> type:
 class _Installed:
     """What install() keeps on a model: its decoder, the original forward and the slot leases."""
 
-    def __init__(self, model: torch.nn.Module, precision: str, max_batch: int, max_context: int | None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, precision: str, max_batch: int, max_context: int | None, build_kw: dict
+    ) -> None:
         self.precision, self.max_batch, self.max_context = precision, max_batch, max_context
+        self.build_kw = build_kw
         self.original = model.forward
         self.lock = threading.RLock()
         self.build(model)
 
     def build(self, model: torch.nn.Module) -> None:
-        self.decoder = KwkDecoder.from_hf(model, self.precision, self.max_batch, self.max_context)
+        self.decoder = KwkDecoder.from_hf(model, self.precision, self.max_batch, self.max_context, **self.build_kw)
         self.snap = _snapshot(model)
         self.free = list(range(self.max_batch))
         self.leases: OrderedDict[int, weakref.ref] = OrderedDict()  # id(cache) -> cache, least recent first
@@ -355,14 +358,19 @@ def _forward(model: torch.nn.Module, inst: _Installed, *args: Any, **kwargs: Any
 
 
 def install(
-    model: torch.nn.Module, precision: str = "preserve", max_batch: int = 8, max_context: int | None = None
+    model: torch.nn.Module,
+    precision: str = "preserve",
+    max_batch: int = 8,
+    max_context: int | None = None,
+    **build_kw: Any,
 ) -> torch.nn.Module:
     """Runs ``model``'s forward and ``generate()`` on a KwkDecoder built from its weights. ``max_batch``
     sequences (batch rows) can be in flight at once, each up to ``max_context`` tokens (default: the model's
-    ``max_position_embeddings`` capped at 4096). Installing again rebuilds the decoder. Returns the model."""
+    ``max_position_embeddings`` capped at 4096). ``precision`` and the keywords (``calib=``, ``tokenizer=``,
+    ``formats=``) are ``KwkDecoder.from_hf``'s. Installing again rebuilds the decoder. Returns the model."""
     if getattr(model, ATTR, None) is not None:
         uninstall(model)
-    inst = _Installed(model, precision, max_batch, max_context)
+    inst = _Installed(model, precision, max_batch, max_context, build_kw)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         return _forward(model, inst, *args, **kwargs)

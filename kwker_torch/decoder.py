@@ -10,6 +10,8 @@ Weights are copied into the decoder once (``precision="preserve"``: the checkpoi
 matrices whose values are all exactly bf16 are stored as bf16, the same numbers in half the bytes). Every
 activation, sum and the KV cache are float32, so logits equal the model's float32 forward up to summation
 order (tests: <= 1e-5 of the largest logit; measured ~1e-6) and greedy tokens equal HF float32's.
+``precision="int8"`` / ``"int4"`` store matrices as 8-/4-bit codes instead (``kwker_torch.quantize``); their
+cost in quality is measured with ``python -m kwker_torch.quality``.
 
 Threads: a decoder is safe to call from several Python threads; each decoder has a lock, so calls on one
 decoder run one after another (use one decoder per thread to run them in parallel). The GIL is released
@@ -27,7 +29,8 @@ from typing import Any
 
 import torch
 
-from . import _native
+from . import _native, quantize
+from .quantize import BITS
 
 log = logging.getLogger("kwker_torch")
 
@@ -72,6 +75,7 @@ def _setup_ctypes() -> None:
     sigs: dict[str, tuple[Any, list[Any]]] = {
         "kwker_decoder_builder": (P, [ctypes.POINTER(_DecoderConfig), buf, SZ]),
         "kwker_decoder_set": (I32, [P, I32, I64, I32, P, I64, I64, buf, SZ]),
+        "kwker_decoder_set_quant": (I32, [P, I32, I64, I32, P, I64, I64, I32, P, buf, SZ]),
         "kwker_decoder_build": (P, [P, buf, SZ]),
         "kwker_decoder_builder_free": (None, [P]),
         "kwker_decoder_free": (None, [P]),
@@ -221,17 +225,28 @@ class KwkDecoder:
         precision: str = "preserve",
         max_batch: int = 1,
         max_context: int | None = None,
+        *,
+        calib: str | Sequence[int] | torch.Tensor | None = None,
+        tokenizer: Any | None = None,
+        formats: dict[str, str] | None = None,
     ) -> KwkDecoder:
         """Builds a decoder from a loaded Hugging Face model (its weights are copied; the model is not
-        changed). ``max_context`` defaults to the model's ``max_position_embeddings``, capped at 4096."""
-        if precision in ("balanced", "int8", "int4"):
-            raise NotImplementedError(
-                f"kwker: precision={precision!r} (8/4-bit weights) is not available yet; it arrives with the "
-                "quantized formats. Use precision='preserve' (the model's own weights)."
-            )
-        if precision != "preserve":
+        changed). ``max_context`` defaults to the model's ``max_position_embeddings``, capped at 4096.
+
+        ``precision``: "preserve" (the model's own weights), "balanced"/"int8" or "int4" (see
+        ``kwker_torch.quantize``). ``calib``: a text (with ``tokenizer``) or token ids whose activations weight
+        the quantization error (4- and 8-bit formats). ``formats``: per-matrix overrides of the plan."""
+        if precision not in PRECISIONS:
             raise ValueError(f"kwker: unknown precision {precision!r}; expected one of {PRECISIONS}")
         cfg = check_model(model)
+        choose = quantize.plan(precision, len(model.model.layers), formats)
+        imp = None
+        if calib is not None:
+            if precision == "preserve" and not formats:
+                raise ValueError(
+                    "kwker: calib= only applies to quantized precisions ('int8', 'int4'); drop it for preserve"
+                )
+            imp = quantize.importance(model, quantize.calib_ids(calib, tokenizer))
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"kwker: max_batch must be a positive int (sequence slots), got {max_batch!r}")
         limit = int(getattr(cfg, "max_position_embeddings", 4096) or 4096)
@@ -274,10 +289,13 @@ class KwkDecoder:
         b = _native.LIB.kwker_decoder_builder(ctypes.byref(c), err, ERR_LEN)
         if not b:
             raise ValueError(f"kwker: {err.value.decode()}")
-        info: dict[str, Any] = {"bf16_matrices": 0, "f32_matrices": 0, "tied_embeddings": tied, "kv_bytes": kv_bytes}
+        info: dict[str, Any] = {
+            "precision": precision, "bf16_matrices": 0, "f32_matrices": 0, "q8_matrices": 0, "q4_matrices": 0,
+            "tied_embeddings": tied, "kv_bytes": kv_bytes, "calibrated": imp is not None, "formats": {},
+        }  # fmt: skip
         try:
             with torch.no_grad():
-                cls._load(b, model, info, err, tied)
+                cls._load(b, model, info, err, tied, choose, imp)
         except BaseException:
             _native.LIB.kwker_decoder_builder_free(b)
             raise
@@ -288,24 +306,50 @@ class KwkDecoder:
         dec = cls(h, cfg, c.vocab, max_batch, max_context, info)
         dec._eos = _eos_ids(model)
         log.info(
-            "kwker: KwkDecoder for %s: %d bf16 and %d float32 matrices, %.0f MB of weights per token, "
-            "KV cache %.0f MB (float32, %d slots x %d positions)",
-            type(model).__name__, info["bf16_matrices"], info["f32_matrices"],
+            "kwker: KwkDecoder for %s (%s): %d bf16, %d float32, %d q8 and %d q4 matrices (%.2f bits per weight), "
+            "%.0f MB of weights per token, KV cache %.0f MB (float32, %d slots x %d positions)",
+            type(model).__name__, precision, info["bf16_matrices"], info["f32_matrices"], info["q8_matrices"],
+            info["q4_matrices"], info["bits_per_weight"],
             info["weight_bytes_per_token"] / 1e6, kv_bytes / 1e6, max_batch, max_context,
         )  # fmt: skip
         return dec
 
     @staticmethod
-    def _load(b: int, model: torch.nn.Module, info: dict, err: Any, tied: bool) -> None:
+    def _load(
+        b: int,
+        model: torch.nn.Module,
+        info: dict,
+        err: Any,
+        tied: bool,
+        choose: Callable[[str, int], str],
+        imp: dict[tuple[str, int], torch.Tensor] | None,
+    ) -> None:
         lib = _native.LIB
+        bits = [0.0, 0]  # stored bits and weights of every matrix, for bits_per_weight
 
-        def put(kind: int, layer: int, t: torch.Tensor, matrix: bool) -> None:
+        def put(kind: int, layer: int, t: torch.Tensor, matrix: bool, name: str = "") -> None:
+            fmt = choose(name, layer) if matrix else "preserve"
             t = _matrix(t) if matrix else t.detach().contiguous()
-            if matrix:
-                info["bf16_matrices" if t.dtype == torch.bfloat16 else "f32_matrices"] += 1
             rows, cols = (t.shape[0], t.shape[1]) if t.dim() == 2 else (1, t.shape[0])
             code = 1 if t.dtype == torch.bfloat16 else 0
-            if lib.kwker_decoder_set(b, kind, layer, code, t.data_ptr(), rows, cols, err, ERR_LEN):
+            if matrix:
+                stored = fmt if fmt != "preserve" else ("bf16" if t.dtype == torch.bfloat16 else "f32")
+                info[f"{stored}_matrices"] += 1
+                info["formats"][f"{name}.{layer}"] = stored
+                bits[0] += BITS[stored] * t.numel()
+                bits[1] += t.numel()
+                info["bits_per_weight"] = bits[0] / bits[1]
+            if fmt == "preserve":
+                failed = lib.kwker_decoder_set(b, kind, layer, code, t.data_ptr(), rows, cols, err, ERR_LEN)
+            else:
+                quantize.check_quantizable(name, layer, fmt, cols)
+                key = ("lm_head", 0) if name == "embed" and tied else (name, layer)
+                w = imp.get(key) if imp is not None else None
+                wp = w.data_ptr() if w is not None else None
+                failed = lib.kwker_decoder_set_quant(
+                    b, kind, layer, code, t.data_ptr(), rows, cols, quantize.FORMAT_CODES[fmt], wp, err, ERR_LEN
+                )
+            if failed:
                 raise ValueError(f"kwker: {err.value.decode()}")
 
         def cat(*ts: torch.Tensor) -> torch.Tensor:
@@ -313,14 +357,19 @@ class KwkDecoder:
             return torch.cat([t.detach().to(dt) for t in ts], 0)
 
         inner = model.model
-        put(EMBED, 0, inner.embed_tokens.weight, True)
+        put(EMBED, 0, inner.embed_tokens.weight, True, "embed")
         put(FINAL_NORM, 0, inner.norm.weight, False)
         if not tied:  # the same rule the config given to Rust was made with
-            put(LM_HEAD, 0, model.lm_head.weight, True)
-        for i, layer in enumerate(inner.layers):
+            put(LM_HEAD, 0, model.lm_head.weight, True, "lm_head")
+        rows: Any = enumerate(inner.layers)
+        if any(choose(k, i) != "preserve" for k in quantize.KINDS for i in range(len(inner.layers))):
+            from tqdm.auto import tqdm
+
+            rows = tqdm(rows, total=len(inner.layers), desc="kwker: quantizing", unit="layer")
+        for i, layer in rows:
             a, mlp = layer.self_attn, layer.mlp
             put(ATTN_NORM, i, layer.input_layernorm.weight, False)
-            put(WQKV, i, cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), True)
+            put(WQKV, i, cat(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), True, "qkv")
             biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
             if any(x is not None for x in biases):
                 parts = [
@@ -328,16 +377,16 @@ class KwkDecoder:
                     for x, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj), strict=True)
                 ]
                 put(BQKV, i, cat(*parts).float(), False)
-            put(WO, i, a.o_proj.weight, True)
+            put(WO, i, a.o_proj.weight, True, "o")
             if a.o_proj.bias is not None:
                 put(BO, i, a.o_proj.bias.float(), False)
             put(FFN_NORM, i, layer.post_attention_layernorm.weight, False)
-            put(WGATEUP, i, cat(mlp.gate_proj.weight, mlp.up_proj.weight), True)
+            put(WGATEUP, i, cat(mlp.gate_proj.weight, mlp.up_proj.weight), True, "gate_up")
             if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
                 gb = mlp.gate_proj.bias if mlp.gate_proj.bias is not None else torch.zeros(cfg_i(mlp.gate_proj))
                 ub = mlp.up_proj.bias if mlp.up_proj.bias is not None else torch.zeros(cfg_i(mlp.up_proj))
                 put(BGATEUP, i, cat(gb, ub).float(), False)
-            put(WDOWN, i, mlp.down_proj.weight, True)
+            put(WDOWN, i, mlp.down_proj.weight, True, "down")
             if mlp.down_proj.bias is not None:
                 put(BDOWN, i, mlp.down_proj.bias.float(), False)
 

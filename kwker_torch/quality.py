@@ -459,8 +459,11 @@ class DecoderUnavailable(QualityError):
     """kwker_torch.KwkDecoder does not import in this build."""
 
 
-def kwker_logits_fn(model: Any, precision: str, ctx: int) -> LogitsFn:
-    """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx).score`` as a logits fn.
+def kwker_logits_fn(
+    model: Any, precision: str, ctx: int, calib: torch.Tensor | None = None, info: dict | None = None
+) -> LogitsFn:
+    """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx, calib=...).score`` as a
+    logits fn; the decoder's ``info`` (bits per weight, bytes) is copied into ``info``.
 
     Raises DecoderUnavailable if the decoder is not in this build, QualityError if it refuses the
     precision (its own message included)."""
@@ -469,9 +472,11 @@ def kwker_logits_fn(model: Any, precision: str, ctx: int) -> LogitsFn:
     except ImportError as exc:
         raise DecoderUnavailable(f"kwker_torch.KwkDecoder is not available in this build ({exc})") from exc
     try:
-        dec = KwkDecoder.from_hf(model, precision=precision, max_batch=1, max_context=ctx)
+        dec = KwkDecoder.from_hf(model, precision=precision, max_batch=1, max_context=ctx, calib=calib)
     except (NotImplementedError, ValueError) as exc:
         raise QualityError(f"the kwker decoder cannot run --precision {precision}: {exc}") from exc
+    if info is not None:
+        info.update(dec.info)
 
     def fn(ids: torch.Tensor) -> torch.Tensor:
         try:
@@ -501,6 +506,12 @@ def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
                 meta[name] = fields[key].contents()
             except Exception:  # an unreadable field is simply unknown
                 pass
+    try:
+        elems = sum(int(t.n_elements) for t in reader.tensors if len(t.shape) > 1)
+        if elems:
+            meta["bits_per_weight"] = 8.0 * sum(int(t.n_bytes) for t in reader.tensors if len(t.shape) > 1) / elems
+    except Exception:  # bits per weight are only reported
+        pass
     if "file_type" in meta:
         try:
             meta["file_type"] = gguf.LlamaFileType(int(meta["file_type"])).name.removeprefix("MOSTLY_")
@@ -552,8 +563,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--model", default=None, help="local HF folder or .gguf file (default: bundled SmolLM2-135M)")
     ap.add_argument(
-        "--precision", choices=PRECISIONS, default=None, help=f"kwker decoder precision (default {DEFAULT_PRECISION})"
+        "--precision",
+        choices=PRECISIONS,
+        nargs="+",
+        default=None,
+        help=f"kwker decoder precision(s), one contender each (default {DEFAULT_PRECISION})",
     )
+    ap.add_argument(
+        "--calib",
+        default=None,
+        metavar="FILE",
+        help="also run each quantized precision calibrated on this text (its first --calib-tokens tokens)",
+    )
+    ap.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     ap.add_argument(
         "--text",
         nargs="+",
@@ -563,7 +585,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="chunk length in tokens (default 512)")
     ap.add_argument("--chunks", type=int, default=None, help="score at most N chunks (default: all)")
-    ap.add_argument("--gguf", default=None, metavar="FILE", help="also score this GGUF with llama.cpp")
+    ap.add_argument("--gguf", nargs="+", default=None, metavar="FILE", help="also score these GGUFs with llama.cpp")
     ap.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
     return ap.parse_args(argv)
 
@@ -595,28 +617,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
 
-    precision = args.precision or DEFAULT_PRECISION
+    precisions = list(args.precision or [DEFAULT_PRECISION])
+    calib_ids = None
+    if args.calib is not None:
+        calib_text, _ = read_texts([args.calib])
+        calib_ids = tokenize(tok, calib_text)[0][: args.calib_tokens]
+    runs = [(p, None) for p in precisions]
+    runs += [(p, calib_ids) for p in precisions if calib_ids is not None and p != "preserve"]
     contenders: dict[str, LogitsFn] = {}
     formats: dict[str, str] = {REF_NAME: "float32"}
+    bits: dict[str, float] = {REF_NAME: 32.0}
     setup: dict[str, float] = {}
     skipped: list[dict[str, str]] = []
     with contextlib.ExitStack() as stack:
-        name = f"kwker {precision}"
-        t0 = time.perf_counter()
-        try:
-            contenders[name] = kwker_logits_fn(model, precision, args.ctx)
-            formats[name] = precision
-            setup[name] = time.perf_counter() - t0
-        except DecoderUnavailable as exc:
-            if args.precision is not None:
-                raise QualityError(f"--precision {args.precision} needs the kwker decoder: {exc}") from exc
-            skipped.append({"name": "kwker", "reason": str(exc)})
-        if args.gguf is not None:
-            name = "llama.cpp"
+        for precision, calib in runs:
+            name = f"kwker {precision}" + ("+calib" if calib is not None else "")
             t0 = time.perf_counter()
-            meta = gguf_metadata(args.gguf)
-            contenders[name] = llama_cpp_logits_fn(stack, args.gguf, args.ctx, vocab, bos, meta)
+            info: dict[str, Any] = {}
+            try:
+                contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info)
+                formats[name] = precision
+                bits[name] = info.get("bits_per_weight", float("nan"))
+                setup[name] = time.perf_counter() - t0
+            except DecoderUnavailable as exc:
+                if args.precision is not None:
+                    raise QualityError(f"--precision {precision} needs the kwker decoder: {exc}") from exc
+                skipped.append({"name": "kwker", "reason": str(exc)})
+        for path in args.gguf or []:
+            t0 = time.perf_counter()
+            meta = gguf_metadata(path)
+            name = f"llama.cpp {meta.get('file_type', os.path.basename(path))}"
+            contenders[name] = llama_cpp_logits_fn(stack, path, args.ctx, vocab, bos, meta)
             formats[name] = f"gguf {meta.get('file_type', '?')}"
+            bits[name] = meta.get("bits_per_weight", float("nan"))
             setup[name] = time.perf_counter() - t0
         results = evaluate_many(contenders, hf_logits_fn(model), chunk_list, ref_name=REF_NAME)
 
@@ -629,6 +662,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "name": name,
                 "format": formats.get(name, "?"),
                 **r,
+                "bits_per_weight": bits.get(name, float("nan")),
                 "delta_ppl_pct": (r["perplexity"] / ref_ppl - 1.0) * 100.0,
             }
         )
@@ -661,16 +695,21 @@ def print_table(report: dict[str, Any], file: Any = None) -> None:
         + (f"BOS {bos} at the start of each chunk" if bos is not None else "no BOS (the tokenizer adds none)"),
         file=file,
     )
-    header = f"{'contender':<16} {'format':<12} {'perplexity':>11} {'Δppl %':>8} {'KL':>11} {'top-1':>7} {'seconds':>8}"
+    header = (
+        f"{'contender':<22} {'format':<12} {'bpw':>5} {'perplexity':>11} {'Δppl %':>8} {'KL':>11} {'top-1':>7} "
+        f"{'seconds':>8}"
+    )
     print(header, file=file)
     for r in report["contenders"]:
         delta = _no_negative_zero(r["delta_ppl_pct"], 3)
         print(
-            f"{r['name']:<16} {r['format']:<12} {_fmt(r['perplexity'], '11.4f')} {_fmt(delta, '+8.3f')} "
+            f"{r['name']:<22} {r['format']:<12} {_fmt(r['bits_per_weight'], '5.2f')} {_fmt(r['perplexity'], '11.4f')} "
+            f"{_fmt(delta, '+8.3f')} "
             f"{_fmt(r['kl'], '11.3e')} {_fmt(r['top1'], '7.4f')} {_fmt(r['seconds'], '8.1f')}",
             file=file,
         )
     print("KL = mean KL(p_hf-f32 || p_contender); top-1 = share of positions with the same argmax as hf-f32", file=file)
+    print("bpw = stored bits per weight of the matrices (kwker: scales included; GGUF: tensor data)", file=file)
     for s in report["skipped"]:
         print(f"skipped {s['name']}: {s['reason']}", file=file)
 

@@ -269,7 +269,8 @@ def test_missing_decoder_with_explicit_precision_is_an_error(
 
 
 class StandInDecoder:
-    """KwkDecoder's API (from_hf, score) on the HF forward itself; refuses int8/int4 as 'not yet'."""
+    """KwkDecoder's API (from_hf, score) on the HF forward itself; refuses int8/int4 (as a decoder that
+    cannot run a precision would), so the tool's handling of a refusal is tested."""
 
     calls: list[dict[str, Any]] = []
 
@@ -277,11 +278,15 @@ class StandInDecoder:
         self.model = model
 
     @classmethod
-    def from_hf(cls, model: Any, *, precision: str, max_batch: int, max_context: int) -> StandInDecoder:
+    def from_hf(
+        cls, model: Any, *, precision: str, max_batch: int, max_context: int, calib: Any = None
+    ) -> StandInDecoder:
         cls.calls.append(dict(precision=precision, max_batch=max_batch, max_context=max_context))
         if precision in ("balanced", "int8", "int4"):
-            raise NotImplementedError(f"kwker: precision {precision!r} is not yet supported (next issue)")
-        return cls(model)
+            raise NotImplementedError(f"kwker: precision {precision!r} is not supported by this stand-in")
+        dec = cls(model)
+        dec.info = {"bits_per_weight": 32.0}
+        return dec
 
     def score(self, ids: torch.Tensor) -> torch.Tensor:
         assert ids.dim() == 1 and ids.dtype == torch.int64
@@ -311,7 +316,7 @@ def test_refused_precision_prints_the_decoders_error_and_exits_2(
     _use_model(monkeypatch, tiny, ByteTok())
     rc, out, err = _run(["--text", str(text_file), "--ctx", "64", "--precision", precision], capsys)
     assert rc == 2 and out == ""
-    assert f"precision {precision!r} is not yet supported" in err
+    assert f"precision {precision!r} is not supported by this stand-in" in err
 
 
 def _fake_llama_cpp(model: Any, width: int | None = None) -> types.ModuleType:

@@ -10,13 +10,14 @@
 use crate::config::{current_isa, thread_cap};
 use crate::error::guarded;
 use crate::torch_pool::TorchPool;
-use kwker_kernels::decoder::builder::{Builder, Data, Kind};
+use kwker_kernels::decoder::builder::{Builder, Data, Kind, Store};
 use kwker_kernels::decoder::config::Config;
 use kwker_kernels::decoder::generate::{generate, Finish, GenParams};
 use kwker_kernels::decoder::sample::SampleParams;
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
 use kwker_kernels::par::Parallel;
 use kwker_kernels::pool::SpinPool;
+use kwker_kernels::quant::Format;
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 
@@ -204,7 +205,62 @@ pub unsafe extern "C" fn kwker_decoder_set(
                 _ => return Err(format!("unsupported dtype code {dtype}")),
             }
         };
-        builder.set(kind, size(layer, "layer")?, d, rows, cols)
+        builder.set(kind, size(layer, "layer")?, d, rows, cols, Store::AsGiven)
+    })
+}
+
+/// Copies one matrix into a builder, quantized: format 1 = q8, 2 = q4; `importance` is null or holds
+/// `cols` f32 values (the mean square of each input column over a calibration text).
+///
+/// # Safety
+/// As `kwker_decoder_set`; `importance`, when not null, holds `cols` f32s.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_decoder_set_quant(
+    b: *mut c_void,
+    kind: i32,
+    layer: i64,
+    dtype: i32,
+    data: *const c_void,
+    rows: i64,
+    cols: i64,
+    format: i32,
+    importance: *const f32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        if b.is_null() || data.is_null() {
+            return Err("null builder or tensor data".into());
+        }
+        // SAFETY: a live builder (caller's contract), used by one thread at a time.
+        let builder = unsafe { &mut *(b as *mut Builder) };
+        let kind = Kind::from_code(kind).ok_or_else(|| format!("unknown tensor kind {kind}"))?;
+        let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
+        let n = rows.checked_mul(cols).ok_or("the tensor size overflows")?;
+        let format = match format {
+            1 => Format::Q8,
+            2 => Format::Q4,
+            _ => return Err(format!("unknown weight format code {format}")),
+        };
+        // SAFETY: data holds rows * cols elements of dtype, importance (if given) cols f32s.
+        let (d, imp) = unsafe {
+            let d = match dtype {
+                0 => Data::F32(raw_slice(data as *const f32, n)),
+                1 => Data::Bf16(raw_slice(data as *const u16, n)),
+                _ => return Err(format!("unsupported dtype code {dtype}")),
+            };
+            let imp = (!importance.is_null()).then(|| raw_slice(importance, cols));
+            (d, imp)
+        };
+        builder.set(
+            kind,
+            size(layer, "layer")?,
+            d,
+            rows,
+            cols,
+            Store::Quant(format, imp),
+        )
     })
 }
 

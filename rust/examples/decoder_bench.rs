@@ -2,20 +2,23 @@
 //! prompt step on the decoder's own pool, next to the same GEMVs run alone and a plain read-bandwidth
 //! loop, so the gap between "the step" and "the weights it reads" can be split into its parts.
 //!
-//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads]`.
+//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads] [bf16|q8|q4]`
+//! (q8/q4: every layer matrix quantized, the tied embedding/lm_head as q8).
 //! Rates are bytes of weights per second (the memory-bound quantity) and tokens per second.
 
 use std::time::Instant;
 
 use kwker_kernels::bf16::f32_to_bf16;
-use kwker_kernels::decoder::builder::{Builder, Data, Kind};
+use kwker_kernels::decoder::builder::{Builder, Data, Kind, Store};
 use kwker_kernels::decoder::config::Config;
+use kwker_kernels::decoder::weights::Mat;
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
 use kwker_kernels::isa;
 use kwker_kernels::linear::{linear, Weight};
 use kwker_kernels::panel::panel_linear;
 use kwker_kernels::par::Parallel;
 use kwker_kernels::pool::SpinPool;
+use kwker_kernels::quant::{quant_linear, Format};
 
 struct Shape {
     hidden: usize,
@@ -75,7 +78,7 @@ fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
         .collect()
 }
 
-fn build(s: &Shape) -> Decoder {
+fn build(s: &Shape, format: Option<Format>) -> Decoder {
     let d = 64;
     let cfg = Config {
         vocab: s.vocab,
@@ -105,16 +108,42 @@ fn build(s: &Shape) -> Decoder {
     let mut mat = |b: &mut Builder, kind: Kind, l: usize, rows: usize, cols: usize| {
         seed += 1;
         let w = random_bf16(rows * cols, seed);
-        b.set(kind, l, Data::Bf16(&w), rows, cols).unwrap();
+        let store = match (kind, format) {
+            (_, None) => Store::AsGiven,
+            (Kind::Embed, Some(_)) => Store::Quant(Format::Q8, None),
+            (_, Some(f)) => Store::Quant(f, None),
+        };
+        b.set(kind, l, Data::Bf16(&w), rows, cols, store).unwrap();
     };
     mat(&mut b, Kind::Embed, 0, s.vocab, h);
-    b.set(Kind::FinalNorm, 0, Data::F32(&ones[..h]), 1, h)
-        .unwrap();
+    b.set(
+        Kind::FinalNorm,
+        0,
+        Data::F32(&ones[..h]),
+        1,
+        h,
+        Store::AsGiven,
+    )
+    .unwrap();
     for l in 0..s.layers {
-        b.set(Kind::AttnNorm, l, Data::F32(&ones[..h]), 1, h)
-            .unwrap();
-        b.set(Kind::FfnNorm, l, Data::F32(&ones[..h]), 1, h)
-            .unwrap();
+        b.set(
+            Kind::AttnNorm,
+            l,
+            Data::F32(&ones[..h]),
+            1,
+            h,
+            Store::AsGiven,
+        )
+        .unwrap();
+        b.set(
+            Kind::FfnNorm,
+            l,
+            Data::F32(&ones[..h]),
+            1,
+            h,
+            Store::AsGiven,
+        )
+        .unwrap();
         mat(&mut b, Kind::Wqkv, l, qkv, h);
         mat(&mut b, Kind::Wo, l, h, s.heads * d);
         mat(&mut b, Kind::WGateUp, l, 2 * s.inter, h);
@@ -135,7 +164,12 @@ fn main() {
     let s = shape(name);
     let isa = isa::detect();
     let pool = SpinPool::new(threads);
-    let mut dec = build(&s);
+    let format = match args.get(3).map(String::as_str) {
+        Some("q8") => Some(Format::Q8),
+        Some("q4") => Some(Format::Q4),
+        _ => None,
+    };
+    let mut dec = build(&s, format);
     let bytes = dec.weights().bytes_per_token() as f64;
     println!(
         "{name}: {:.0} MB of weights per token, tier {}, {threads} threads",
@@ -195,15 +229,11 @@ fn main() {
             let t = Instant::now();
             for m in &mats {
                 let (n, k) = (m.rows(), m.cols());
-                panel_linear(
-                    isa,
-                    &pool,
-                    &x[..rows * k],
-                    rows,
-                    &m.0,
-                    None,
-                    &mut y[..rows * n],
-                );
+                let (x, y) = (&x[..rows * k], &mut y[..rows * n]);
+                match m {
+                    Mat::Panel(p) => panel_linear(isa, &pool, x, rows, p, None, y),
+                    Mat::Quant(q) => quant_linear(isa, &pool, x, rows, q, None, y),
+                }
             }
             tp.push(t.elapsed().as_secs_f64());
             let t = Instant::now();

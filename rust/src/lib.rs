@@ -18,5 +18,6 @@ pub mod linear;
 pub mod panel;
 pub mod par;
 pub mod pool;
+pub mod quant;
 
 mod scratch;

@@ -4,6 +4,7 @@
 use super::config::Config;
 use super::weights::{Layer, Mat, Weights};
 use super::Decoder;
+use crate::quant::{quantize, Format, QuantOptions, QuantWeight};
 
 /// Which tensor `Builder::set` receives. Matrices keep their dtype; vectors become f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +52,13 @@ pub enum Data<'a> {
     F32(&'a [f32]),
 }
 
+/// How a matrix is stored: as given, or quantized (with an optional per-input-column importance).
+#[derive(Clone, Copy, Debug)]
+pub enum Store<'a> {
+    AsGiven,
+    Quant(Format, Option<&'a [f32]>),
+}
+
 #[derive(Default)]
 struct PartialLayer {
     attn_norm: Option<Vec<f32>>,
@@ -90,7 +98,8 @@ impl Builder {
         })
     }
 
-    /// Copies one tensor in. `layer` is ignored for model-level tensors.
+    /// Copies one tensor in. `layer` is ignored for model-level tensors; `store` only applies to
+    /// matrices.
     pub fn set(
         &mut self,
         kind: Kind,
@@ -98,6 +107,7 @@ impl Builder {
         data: Data<'_>,
         rows: usize,
         cols: usize,
+        store: Store<'_>,
     ) -> Result<(), String> {
         let len = match &data {
             Data::Bf16(d) => d.len(),
@@ -129,9 +139,33 @@ impl Builder {
             ));
         }
         if kind.is_matrix() {
-            let m = match data {
-                Data::Bf16(d) => Mat::from_bf16(d, rows, cols),
-                Data::F32(d) => Mat::from_f32(d, rows, cols),
+            let m = match (store, data) {
+                (Store::AsGiven, Data::Bf16(d)) => Mat::from_bf16(d, rows, cols),
+                (Store::AsGiven, Data::F32(d)) => Mat::from_f32(d, rows, cols),
+                (Store::Quant(format, importance), data) => {
+                    let f32s: Vec<f32>;
+                    let values = match data {
+                        Data::F32(d) => d,
+                        Data::Bf16(d) => {
+                            f32s = d.iter().map(|&b| crate::bf16::bf16_to_f32(b)).collect();
+                            &f32s
+                        }
+                    };
+                    let threads =
+                        std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+                    let opt = QuantOptions {
+                        format,
+                        importance,
+                        threads,
+                    };
+                    let q = quantize(values, rows, cols, &opt).map_err(|e| {
+                        format!(
+                            "{kind:?} of layer {layer} cannot be stored as {}: {e}",
+                            format.name()
+                        )
+                    })?;
+                    Mat::Quant(QuantWeight::pack(&q))
+                }
             };
             match kind {
                 Kind::Embed => self.embed = Some(m),

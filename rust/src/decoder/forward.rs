@@ -12,7 +12,9 @@
 //!
 //! A later window sees the K/V the earlier windows wrote, so a long prompt may span windows.
 //! Numerical contract: float32 activations and sums throughout (`linear`, `attention` and `ops`
-//! contracts); the only difference from the model's float32 forward is summation order.
+//! contracts); with panel (bf16/f32) weights the only difference from the model's float32 forward
+//! is summation order. A quantized matrix's linear reads its input rounded to int8 per 32 values
+//! (`quant.rs`); everything around it stays float32.
 
 use std::ops::Range;
 
@@ -24,6 +26,7 @@ use crate::attention::{decode_attention, View4};
 use crate::isa::Isa;
 use crate::panel::panel_linear;
 use crate::par::{Parallel, Serial, SyncPtr};
+use crate::quant::quant_linear;
 
 /// Which logits a sequence of the batch wants back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,15 +123,11 @@ fn lin(
     y: &mut [f32],
 ) {
     let (n, k) = (w.rows(), w.cols());
-    panel_linear(
-        isa,
-        par,
-        &x[..m * k],
-        m,
-        &w.0,
-        b.map(|b| b.as_slice()),
-        &mut y[..m * n],
-    );
+    let (x, y, b) = (&x[..m * k], &mut y[..m * n], b.map(|b| b.as_slice()));
+    match w {
+        Mat::Panel(p) => panel_linear(isa, par, x, m, p, b, y),
+        Mat::Quant(q) => quant_linear(isa, par, x, m, q, b, y),
+    }
 }
 
 /// Runs a validated batch (see `Decoder::step`): writes K/V and tokens into the slots and the wanted

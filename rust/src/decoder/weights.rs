@@ -2,45 +2,67 @@
 //! replaces later can leave a dangling pointer): plain matrices and vectors, one struct per layer.
 //!
 //! Matrices are stored in the checkpoint's own dtype (bf16 or f32; the caller decides whether a
-//! bf16-exact f32 matrix is stored as bf16), packed into column panels. Norm weights and biases are f32 (bf16 values widen
+//! bf16-exact f32 matrix is stored as bf16), packed into column panels, or quantized to 8 or 4 bits
+//! when the caller asks (`quant.rs`). Norm weights and biases are f32 (bf16 values widen
 //! exactly). Fused projections: q/k/v rows stacked as [q; k; v], gate/up as [gate; up].
 
 use crate::panel::PanelWeight;
+use crate::quant::QuantWeight;
 
-/// A [rows, cols] weight matrix, packed into column panels once (`panel.rs`): the layout every
-/// decoder linear reads, whatever its batch size.
+/// A [rows, cols] weight matrix, packed once into the layout its kernel reads whatever the batch
+/// size: column panels of bf16/f32 values (`panel.rs`), or 8-/4-bit codes (`quant.rs`).
 #[derive(Clone, Debug)]
-pub struct Mat(pub PanelWeight);
+pub enum Mat {
+    Panel(PanelWeight),
+    Quant(QuantWeight),
+}
 
 impl Mat {
     pub fn from_bf16(data: &[u16], rows: usize, cols: usize) -> Mat {
-        Mat(PanelWeight::from_bf16(data, rows, cols))
+        Mat::Panel(PanelWeight::from_bf16(data, rows, cols))
     }
 
     pub fn from_f32(data: &[f32], rows: usize, cols: usize) -> Mat {
-        Mat(PanelWeight::from_f32(data, rows, cols))
+        Mat::Panel(PanelWeight::from_f32(data, rows, cols))
     }
 
     pub fn rows(&self) -> usize {
-        self.0.n()
+        match self {
+            Mat::Panel(p) => p.n(),
+            Mat::Quant(q) => q.n(),
+        }
     }
 
     pub fn cols(&self) -> usize {
-        self.0.k()
+        match self {
+            Mat::Panel(p) => p.k(),
+            Mat::Quant(q) => q.k(),
+        }
     }
 
-    pub fn is_bf16(&self) -> bool {
-        matches!(self.0, PanelWeight::Bf16 { .. })
+    /// The storage format's name: "bf16", "f32", "q8" or "q4".
+    pub fn format_name(&self) -> &'static str {
+        match self {
+            Mat::Panel(PanelWeight::Bf16 { .. }) => "bf16",
+            Mat::Panel(PanelWeight::F32 { .. }) => "f32",
+            Mat::Quant(q) => q.format.name(),
+        }
     }
 
     /// Bytes read per pass over the matrix.
     pub fn bytes(&self) -> usize {
-        self.0.bytes()
+        match self {
+            Mat::Panel(p) => p.bytes(),
+            Mat::Quant(q) => q.bytes(),
+        }
     }
 
-    /// Row `r` widened to f32 into `out` (embedding lookup).
+    /// Row `r` widened (or dequantized) to f32 into `out` (embedding lookup).
     pub fn row_f32(&self, r: usize, out: &mut [f32]) {
-        self.0.row_f32(r, out)
+        match self {
+            Mat::Panel(p) => p.row_f32(r, out),
+            Mat::Quant(q) => q.row_f32(r, out),
+        }
     }
 }
 

@@ -1,0 +1,138 @@
+"""KwkDecoder int8 / int4 against llama.cpp Q8_0 / Q4_0 / Q4_K_M, interleaved in one run.
+
+For each model (``--models``: the real SmolLM2-135M and random-initialised SmolLM2-360M, Qwen2.5-0.5B,
+SmolLM2-1.7B with their published shapes): KwkDecoder ``precision="int8"`` and ``"int4"`` built from the bf16
+weights, and llama.cpp GGUFs of the same weights quantized by llama.cpp itself (``llama_model_quantize`` from
+the F32 export, cached). Each round times every contender's pp512 (one 512-token batch from an empty context)
+and tg128 (128 single-token steps after one warm-up token), llama-bench's definitions, 2 threads; medians over
+``--rounds``. The decode floor is weight bytes per token / the STREAM triad measured between the rounds.
+
+Run: ``python benchmarks/bench_quant.py [--rounds 5] [--models ...] [--isa avx2]``; ``--isa avx2`` forces
+KwkDecoder's AVX2 tier and uses llama.cpp built for AVX2 only. Results: ``benchmarks/results/quant*.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+from bench_decoder import MODELS, cpu_flags, ggufs, kwk_pp, kwk_tg, load, say
+from common import machine, save, stream_triad_gbs, table
+
+import kwker_torch
+from kwker_torch import KwkDecoder
+from kwker_torch.peer.gguf_export import quantize
+from kwker_torch.peer.llama_cpp import LlamaCppWorker
+
+OURS = {"int8": "Q8_0", "int4": "Q4_0"}  # each of ours, and the llama.cpp format its bars compare with first
+PEERS = ["Q8_0", "Q4_0", "Q4_K_M"]
+HEADERS = ["model", "contender", "bits/weight", "MB/token", "pp512 tok/s", "tg128 tok/s", "pp vs Q8_0",
+           "tg vs Q8_0", "pp vs Q4_0", "tg vs Q4_0", "pp vs Q4_K_M", "tg vs Q4_K_M", "floor / step"]  # fmt: skip
+
+
+def peer_ggufs(name: str, model: torch.nn.Module, kind: str) -> dict[str, str]:
+    """Q8_0 / Q4_0 / Q4_K_M GGUFs of ``model``, quantized by llama.cpp from the F32 export (cached)."""
+    f32 = ggufs(name, model)["f32"]
+    out = {}
+    for ft in PEERS:
+        path = f32.replace(".F32.gguf", f".{ft}.gguf")
+        if not os.path.exists(path):
+            say(f"  quantizing {os.path.basename(path)} with llama.cpp ...")
+            quantize(f32, path, ft, kind=kind)
+        out[ft] = path
+    return out
+
+
+def gguf_bits(path: str) -> tuple[float, float]:
+    """(bits per weight of the matrices, MB of matrix data) of a GGUF."""
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    mats = [t for t in r.tensors if len(t.shape) > 1]
+    nbytes = sum(int(t.n_bytes) for t in mats)
+    return 8.0 * nbytes / sum(int(t.n_elements) for t in mats), nbytes / 1e6
+
+
+def bench(name: str, rounds: int, kind: str, rows: list) -> None:
+    model, label = load(name)
+    say(f"\n== {label}: KwkDecoder int8 / int4 and llama.cpp {', '.join(PEERS)}")
+    decs = {p: KwkDecoder.from_hf(model, precision=p, max_batch=1, max_context=1024) for p in OURS}
+    paths = peer_ggufs(name, model, kind)
+    del model
+    gc.collect()
+    workers = {ft: LlamaCppWorker(kind) for ft in PEERS}
+    try:
+        sysinfo = ""
+        for ft, w in workers.items():
+            sysinfo = w.load(paths[ft], n_ctx=1024, n_batch=512).get("system_info", "")
+        t: dict[str, dict[str, list[float]]] = {c: {"pp": [], "tg": []} for c in [*OURS, *PEERS]}
+        triads: list[float] = []
+        for r in range(rounds + 1):  # round 0 warms up
+            if r:
+                triads.append(stream_triad_gbs(rounds=3))
+            for c in t:
+                time.sleep(0.2)  # let the other contenders' spinning threads settle
+                if c in decs:
+                    pp, tg = kwk_pp(decs[c]), kwk_tg(decs[c])
+                else:
+                    pp, tg = workers[c].pp(512), workers[c].tg(128)
+                if r:
+                    t[c]["pp"].append(512 / pp)
+                    t[c]["tg"].append(128 / tg)
+            if r:
+                say(f"  round {r}: " + ", ".join(f"{c} pp {t[c]['pp'][-1]:.0f} tg {t[c]['tg'][-1]:.1f}" for c in t))
+        triad = statistics.median(triads)
+        say(f"  triad during the rounds: {', '.join(f'{x:.1f}' for x in triads)} GB/s")
+        med = {c: {k: statistics.median(v) for k, v in d.items()} for c, d in t.items()}
+        for c in t:
+            if c in decs:
+                bits, mb = decs[c].info["bits_per_weight"], decs[c].info["weight_bytes_per_token"] / 1e6
+                desc = f"KwkDecoder {c}"
+            else:
+                bits, mb = gguf_bits(paths[c])
+                desc = f"llama.cpp {c}"
+            floor = mb * 1e6 / (triad * 1e9)
+            row: list[Any] = [label, desc, bits, mb, med[c]["pp"], med[c]["tg"]]
+            for p in PEERS:
+                row += [med[c]["pp"] / med[p]["pp"], med[c]["tg"] / med[p]["tg"]]
+            rows.append(row + [floor * med[c]["tg"]])
+        say(table(HEADERS, rows[-len(t):]))
+        say(f"  llama.cpp: {sysinfo.strip()}")
+    finally:
+        for w in workers.values():
+            w.close()
+    del decs
+    gc.collect()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    p.add_argument("--isa", choices=["native", "avx2"], default="native")
+    a = p.parse_args()
+    if a.isa == "avx2":
+        kwker_torch.set_isa("avx2")
+    torch.set_num_threads(2)
+    say(f"{machine()}; kwker tier {kwker_torch.isa()}, {kwker_torch.num_threads()} threads")
+    say(f"CPU flags: {cpu_flags()}")
+    triad = stream_triad_gbs()
+    say(f"STREAM triad {triad:.1f} GB/s")
+    rows: list = []
+    for name in a.models:
+        bench(name, a.rounds, a.isa, rows)
+    say("\n" + table(HEADERS, rows))
+    end = stream_triad_gbs()
+    say(f"\nSTREAM triad at the end {end:.1f} GB/s")
+    out = {"triad_gbs": triad, "triad_gbs_end": end, "rounds": a.rounds, "cpu_flags": cpu_flags(), "isa": a.isa,
+           "rows": rows, "headers": HEADERS}  # fmt: skip
+    say(f"saved {save('quant' if a.isa == 'native' else 'quant_avx2', out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Which storage format each weight matrix of a ``KwkDecoder`` gets, and calibration statistics.
+
+Precisions (``KwkDecoder.from_hf(model, precision=...)``, ``decode.install(model, precision=...)``):
+
+- ``"preserve"``: the checkpoint's own numbers (bf16, or float32; bf16-exact float32 stored as bf16).
+- ``"balanced"`` / ``"int8"``: every matrix (embedding and lm_head included) as q8: 8-bit codes, one f32
+  scale per 64 values (8.5 bits per weight).
+- ``"int4"``: layer matrices as q4 (4-bit codes on an asymmetric grid, f16 scale and min per 32 values:
+  5.0 bits per weight); the embedding/lm_head and the matrices in ``SENSITIVE`` as q8, chosen by measured
+  quality on the real SmolLM2-135M (BENCHMARKS.md, issue 9).
+
+A quantized matrix's linear reads its input rounded to int8 per 32 values (``rust/src/quant.rs``); the
+rest of the forward stays float32. ``formats={"down": "q8", "down.3": "q4", "embed": "preserve", ...}``
+overrides the plan per matrix kind (``embed``, ``lm_head``, ``qkv``, ``o``, ``gate_up``, ``down``), optionally
+for one layer (``kind.layer``).
+
+Calibration (``calib=`` a text with ``tokenizer=``, or token ids): the model runs in torch over the text and
+each linear's input columns get an importance, their mean square; the quantizers then weight each
+value's error by it (as llama.cpp's importance matrix does), so the columns the text exercises most are
+kept closest.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+log = logging.getLogger("kwker_torch")
+
+# Format codes of kwker_decoder_set_quant (rust/src/decoder/builder.rs: Store).
+FORMAT_CODES = {"q8": 1, "q4": 2}
+# Bits per stored weight (scales included); panel padding and norms/biases not counted.
+BITS = {"bf16": 16.0, "f32": 32.0, "q8": 8.5, "q4": 5.0}
+KINDS = ("embed", "lm_head", "qkv", "o", "gate_up", "down")
+# Block of k each format needs whole (rust/src/quant.rs: Format::block).
+BLOCK = {"q8": 64, "q4": 32}
+MIN_CALIB_TOKENS = 128
+CALIB_CHUNK = 512
+
+# int4's matrices kept at 8 bits, by kind and by layer position: (kind, which layers).
+# "ends" = the first and last layer. Measured on the real SmolLM2-135M (quality tool, Austen text).
+SENSITIVE: tuple[tuple[str, str], ...] = (("down", "ends"), ("qkv", "ends"))
+
+
+def plan(
+    precision: str, layers: int, formats: dict[str, str] | None = None
+) -> Callable[[str, int], str]:
+    """The format ("preserve", "q8" or "q4") of matrix ``kind`` of ``layer`` (0 for embed/lm_head)."""
+    overrides = dict(formats or {})
+    for key, val in overrides.items():
+        kind, _, layer = key.partition(".")
+        if kind not in KINDS or (layer and not layer.isdigit()):
+            raise ValueError(
+                f"kwker: formats key {key!r} is not a matrix kind; expected one of {KINDS}, optionally "
+                "'kind.layer' (e.g. 'down.3')"
+            )
+        if val not in ("preserve", "q8", "q4"):
+            raise ValueError(f"kwker: formats[{key!r}] = {val!r}; expected 'preserve', 'q8' or 'q4'")
+
+    def base(kind: str, layer: int) -> str:
+        if precision == "preserve":
+            return "preserve"
+        if precision in ("balanced", "int8"):
+            return "q8"
+        if kind in ("embed", "lm_head"):
+            return "q8"
+        for k, which in SENSITIVE:
+            if k == kind and (which == "all" or (which == "ends" and layer in (0, layers - 1))):
+                return "q8"
+        return "q4"
+
+    def choose(kind: str, layer: int) -> str:
+        return overrides.get(f"{kind}.{layer}", overrides.get(kind, base(kind, layer)))
+
+    return choose
+
+
+def calib_ids(calib: str | Sequence[int] | torch.Tensor, tokenizer: Any | None) -> torch.Tensor:
+    """Calibration token ids from a text (with its tokenizer) or ids, checked for length."""
+    if isinstance(calib, str):
+        if tokenizer is None:
+            raise ValueError(
+                "kwker: calib= is a text, so pass tokenizer= too (the model's tokenizer), or pass token ids"
+            )
+        ids = torch.as_tensor(tokenizer(calib)["input_ids"], dtype=torch.int64).flatten()
+    else:
+        ids = torch.as_tensor(calib).flatten()
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise TypeError(f"kwker: calib= token ids must be integers, got dtype {ids.dtype}")
+        ids = ids.to(torch.int64)
+    if ids.numel() < MIN_CALIB_TOKENS:
+        raise ValueError(
+            f"kwker: the calibration text has {ids.numel()} tokens; at least {MIN_CALIB_TOKENS} are needed "
+            "(a few paragraphs of text like the model's own use; a few thousand tokens is typical)"
+        )
+    return ids
+
+
+def importance(model: torch.nn.Module, ids: torch.Tensor) -> dict[tuple[str, int], torch.Tensor]:
+    """Mean square of each input column of every linear over ``ids``, keyed (kind, layer): the float32
+    model runs in chunks of 512 tokens with hooks on q_proj, o_proj, gate_proj, down_proj and lm_head."""
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ValueError(
+            f"kwker: calibration token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}"
+        )
+    sums: dict[tuple[str, int], torch.Tensor] = {}
+    counts: dict[tuple[str, int], int] = {}
+
+    def hook(key: tuple[str, int]) -> Callable[..., None]:
+        def run(_mod: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+            sums[key] = sums.get(key, 0) + (x * x).sum(0)
+            counts[key] = counts.get(key, 0) + x.shape[0]
+
+        return run
+
+    # The model's own forward, also when decode.install() has replaced it (a rebuild after a weight change).
+    installed = getattr(model, "_kwker_decode", None)
+    forward = installed.original if installed is not None else model
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        for mod, kind in ((a.q_proj, "qkv"), (a.o_proj, "o"), (mlp.gate_proj, "gate_up"), (mlp.down_proj, "down")):
+            handles.append(mod.register_forward_pre_hook(hook((kind, i))))
+    handles.append(model.lm_head.register_forward_pre_hook(hook(("lm_head", 0))))
+    try:
+        from tqdm.auto import tqdm
+
+        with torch.no_grad():
+            for s in tqdm(range(0, ids.numel(), CALIB_CHUNK), desc="kwker: calibrating", unit="chunk"):
+                forward(ids[s : s + CALIB_CHUNK][None])
+    finally:
+        for h in handles:
+            h.remove()
+    return {k: (v / counts[k]).contiguous() for k, v in sums.items()}
+
+
+def check_quantizable(kind: str, layer: int, fmt: str, cols: int) -> None:
+    if fmt in BLOCK and cols % BLOCK[fmt]:
+        where = f"the {kind} matrix" + (f" of layer {layer}" if kind not in ("embed", "lm_head") else "")
+        raise ValueError(
+            f"kwker: {where} has k = {cols} inputs, not a multiple of {fmt}'s block of "
+            f"{BLOCK[fmt]}; store it another way (formats={{'{kind}': 'preserve'}}) or use precision='preserve'"
+        )

@@ -1,0 +1,470 @@
+//! 8-bit and 4-bit weights and their linear, `y = x @ dequant(w)^T + bias`, with activations
+//! quantized to int8 for integer dot products.
+//!
+//! Formats (one scale set per block of k, per output row):
+//! - `Q8`: value = d * c, c in [-127, 127], one f32 scale d per 64 values (8.5 bits per weight).
+//! - `Q4`: value = d * c + m, c in [0, 15], f16 d and f16 m per 32 values (5.0 bits per weight).
+//!
+//! `QuantRows` is the reference form (codes row-major, one scale per row and block) that the
+//! quantizers produce and the tests dequantize; `QuantWeight` is the same numbers packed into panels
+//! of 16 output rows for the kernels (layout in `pack`).
+//!
+//! Numerical contract of `quant_linear`: each x row is cut into blocks of 32 and quantized
+//! (`quantize_block`, bit-identical in every tier): Q4 matrices read x as int8 codes, x ~ dx * q with
+//! dx = max|x| / 127 (as llama.cpp's q8 activations); Q8 matrices read it with a second int8 code for
+//! the residual, x ~ dx' * (254 q + q2), dx' = dx / 254, error at most dx' / 2 (about 15 bits: the
+//! int8 rounding of activations with outlier channels cost more perplexity than the 8-bit weights).
+//! Within a 32-block the dot product of codes is an exact i32 sum; the block then contributes
+//! `d * (dot * dx')` (Q8) or `(d * dot + m * sum(q)) * dx` (Q4) to an f32 accumulator, in k order;
+//! the bias last. Tiers differ from the scalar reference only in fused multiply-add rounding, so the
+//! result is a float linear of the dequantized weights and the rounded activations, up to f32 rounding.
+
+mod generic;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod f16;
+mod fit;
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+pub use f16::{f16_to_f32, f32_to_f16};
+pub use fit::{quantize, QuantOptions};
+
+use crate::isa::Isa;
+use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
+
+/// Output rows per packed panel (one 512-bit vector of i32 sums).
+pub const QPANEL: usize = 16;
+/// Activation block, and the unit every kernel's inner loop covers.
+pub const QSUB: usize = 32;
+/// Below this many multiply-adds per task, splitting further costs more than it saves.
+const MIN_MACS_PER_TASK: usize = 1 << 17;
+
+/// A weight format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    Q8,
+    Q4,
+}
+
+impl Format {
+    /// Values of k sharing one scale.
+    pub const fn block(self) -> usize {
+        match self {
+            Format::Q8 => 64,
+            Format::Q4 => 32,
+        }
+    }
+
+    /// Bytes of one packed block of a panel: scales first, then the codes.
+    pub(crate) const fn block_bytes(self) -> usize {
+        match self {
+            Format::Q8 => QPANEL * 4 + QPANEL * 64,
+            Format::Q4 => QPANEL * 2 * 2 + QPANEL * 16,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Q8 => "q8",
+            Format::Q4 => "q4",
+        }
+    }
+
+    pub fn bits_per_weight(self) -> f64 {
+        (self.block_bytes() * 8) as f64 / (QPANEL * self.block()) as f64
+    }
+}
+
+/// The reference form: `codes[j * k + kk]` (Q8 stored as `c + 128`), `scales[j * nb + b]`,
+/// `mins[j * nb + b]` (Q4 only; Q4 scales and mins are f16-representable).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantRows {
+    pub format: Format,
+    pub n: usize,
+    pub k: usize,
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub mins: Vec<f32>,
+}
+
+impl QuantRows {
+    /// Row-major [n, k] f32 values the codes stand for.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let nb = self.k / self.format.block();
+        let mut out = vec![0.0f32; self.n * self.k];
+        for (i, o) in out.iter_mut().enumerate() {
+            let (j, kk) = (i / self.k, i % self.k);
+            let b = j * nb + kk / self.format.block();
+            let c = self.codes[i] as f32;
+            *o = match self.format {
+                Format::Q8 => self.scales[b] * (c - 128.0),
+                Format::Q4 => self.scales[b] * c + self.mins[b],
+            };
+        }
+        out
+    }
+}
+
+/// Panel-packed quantized [n, k] weights.
+#[derive(Clone, Debug)]
+pub struct QuantWeight {
+    pub format: Format,
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+impl QuantWeight {
+    /// Packs the reference form. Panel p, block b starts at byte `(p * nb + b) * block_bytes`:
+    /// - Q8: 16 f32 scales, then for each 32-k half and each group of 4 k, 16 rows x 4 codes
+    ///   (`c + 128`; one 64-byte vector holds 4 consecutive k of 16 rows, as `vpdpbusd` reads them).
+    /// - Q4: 16 f16 scales, 16 f16 mins, then for each group g of 8 k, 16 rows x 4 bytes whose low
+    ///   nibbles are k = 8g..8g+3 and high nibbles k = 8g+4..8g+7.
+    ///
+    /// Rows past n are zero weights (Q8 code 128, scale 0; Q4 code 0, scale 0, min 0).
+    pub fn pack(q: &QuantRows) -> QuantWeight {
+        let (f, n, k) = (q.format, q.n, q.k);
+        let nb = k / f.block();
+        let panels = n.div_ceil(QPANEL);
+        let bb = f.block_bytes();
+        let mut data = vec![0u8; panels * nb * bb];
+        for p in 0..panels {
+            for b in 0..nb {
+                let blk = &mut data[(p * nb + b) * bb..(p * nb + b + 1) * bb];
+                for r in 0..QPANEL {
+                    let j = p * QPANEL + r;
+                    let live = j < n;
+                    let code = |kk: usize| -> u8 {
+                        match (live, f) {
+                            (true, _) => q.codes[j * k + b * f.block() + kk],
+                            (false, Format::Q8) => 128,
+                            (false, Format::Q4) => 0,
+                        }
+                    };
+                    let s = if live { q.scales[j * nb + b] } else { 0.0 };
+                    match f {
+                        Format::Q8 => {
+                            blk[r * 4..r * 4 + 4].copy_from_slice(&s.to_le_bytes());
+                            for kk in 0..64 {
+                                blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] = code(kk);
+                            }
+                        }
+                        Format::Q4 => {
+                            let m = if live { q.mins[j * nb + b] } else { 0.0 };
+                            blk[r * 2..r * 2 + 2].copy_from_slice(&f32_to_f16(s).to_le_bytes());
+                            blk[32 + r * 2..34 + r * 2]
+                                .copy_from_slice(&f32_to_f16(m).to_le_bytes());
+                            for g in 0..4 {
+                                for t in 0..4 {
+                                    let byte = code(g * 8 + t) | (code(g * 8 + 4 + t) << 4);
+                                    blk[64 + g * 64 + r * 4 + t] = byte;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        QuantWeight {
+            format: f,
+            n,
+            k,
+            data,
+        }
+    }
+
+    /// The reference form back (the inverse of `pack`).
+    pub fn unpack(&self) -> QuantRows {
+        let (f, n, k) = (self.format, self.n, self.k);
+        let nb = k / f.block();
+        let mut q = QuantRows {
+            format: f,
+            n,
+            k,
+            codes: vec![0; n * k],
+            scales: vec![0.0; n * nb],
+            mins: if f == Format::Q4 {
+                vec![0.0; n * nb]
+            } else {
+                Vec::new()
+            },
+        };
+        for j in 0..n {
+            for b in 0..nb {
+                q.scales[j * nb + b] = self.scale(j, b);
+                if f == Format::Q4 {
+                    q.mins[j * nb + b] = self.min(j, b);
+                }
+            }
+            for kk in 0..k {
+                q.codes[j * k + kk] = self.code(j, kk);
+            }
+        }
+        q
+    }
+
+    fn block_of(&self, j: usize, b: usize) -> &[u8] {
+        let nb = self.k / self.format.block();
+        let bb = self.format.block_bytes();
+        let at = ((j / QPANEL) * nb + b) * bb;
+        &self.data[at..at + bb]
+    }
+
+    fn scale(&self, j: usize, b: usize) -> f32 {
+        let (blk, r) = (self.block_of(j, b), j % QPANEL);
+        match self.format {
+            Format::Q8 => f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap()),
+            Format::Q4 => f16_to_f32(u16::from_le_bytes([blk[r * 2], blk[r * 2 + 1]])),
+        }
+    }
+
+    fn min(&self, j: usize, b: usize) -> f32 {
+        let (blk, r) = (self.block_of(j, b), j % QPANEL);
+        f16_to_f32(u16::from_le_bytes([blk[32 + r * 2], blk[33 + r * 2]]))
+    }
+
+    fn code(&self, j: usize, kk: usize) -> u8 {
+        let bs = self.format.block();
+        let (blk, r, t) = (self.block_of(j, kk / bs), j % QPANEL, kk % bs);
+        match self.format {
+            Format::Q8 => blk[64 + (t / 4) * 64 + r * 4 + t % 4],
+            Format::Q4 => {
+                let (g, h, u) = (t / 8, (t % 8) / 4, t % 4);
+                (blk[64 + g * 64 + r * 4 + u] >> (4 * h)) & 0x0f
+            }
+        }
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes one pass over the matrix reads (padding included).
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    pub(crate) fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Row j dequantized (an embedding lookup).
+    pub fn row_f32(&self, j: usize, out: &mut [f32]) {
+        let bs = self.format.block();
+        for (kk, o) in out[..self.k].iter_mut().enumerate() {
+            let (s, c) = (self.scale(j, kk / bs), self.code(j, kk) as f32);
+            *o = match self.format {
+                Format::Q8 => s * (c - 128.0),
+                Format::Q4 => s * c + self.min(j, kk / bs),
+            };
+        }
+    }
+}
+
+/// x rows quantized per 32-block, `[m, k]` codes and `[m, k/32]` per-block values:
+/// - `q`, `d`, `s`: x ~ d * q (int8 codes, d = max|x| / 127, s = sum of q), what Q4 matrices read;
+/// - plus `q2`, `d_fine`, `s_fine`: the residual's codes, so that x ~ d_fine * (254 * q + q2) with
+///   d_fine = d / 254 (about 15 bits; s_fine = 254 * s + sum of q2), what Q8 matrices read.
+#[derive(Default)]
+pub struct QActs {
+    pub q: Vec<i8>,
+    pub q2: Vec<i8>,
+    pub d: Vec<f32>,
+    pub s: Vec<i32>,
+    pub d_fine: Vec<f32>,
+    pub s_fine: Vec<i32>,
+}
+
+/// One 32-block's scales and sums (see `QActs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockCodes {
+    pub d: f32,
+    pub s: i32,
+    pub d_fine: f32,
+    pub s_fine: i32,
+}
+
+/// Weight of the coarse codes in the fine representation: x ~ d_fine * (LO * q + q2).
+pub const LO: i32 = 254;
+
+/// One 32-block of activations: the reference every tier matches bit for bit. q = round_ties_even(x *
+/// (127 / max|x|)); the residual r = x - q * d (a plain multiply and subtract) gives q2 =
+/// round_ties_even(r * (254 * 127 / max|x|)), both clamped to [-127, 127].
+pub fn quantize_block(x: &[f32], q: &mut [i8], q2: &mut [i8]) -> BlockCodes {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let (d, id) = if amax > 0.0 {
+        (amax / 127.0, 127.0 / amax)
+    } else {
+        (0.0, 0.0)
+    };
+    let id2 = id * LO as f32;
+    let (mut s, mut s2) = (0, 0);
+    for ((o, o2), &v) in q.iter_mut().zip(q2.iter_mut()).zip(x) {
+        let c = (v * id).round_ties_even().clamp(-127.0, 127.0);
+        let r = v - c * d;
+        let c2 = (r * id2).round_ties_even().clamp(-127.0, 127.0);
+        (*o, *o2) = (c as i8, c2 as i8);
+        s += c as i32;
+        s2 += c2 as i32;
+    }
+    BlockCodes {
+        d,
+        s,
+        d_fine: d / LO as f32,
+        s_fine: LO * s + s2,
+    }
+}
+
+/// One call's inputs, as every tier's `panels` reads them.
+pub(crate) struct Job<'a> {
+    pub acts: &'a QActs,
+    pub m: usize,
+    pub w: &'a QuantWeight,
+    pub bias: Option<&'a [f32]>,
+    /// Points at m * n f32s.
+    pub y: SyncPtr<f32>,
+}
+
+type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
+type QuantizeFn = unsafe fn(&[f32], &mut QActs);
+
+/// The kernels for `isa`: AVX-512 with VNNI (`vpdpbusd`), else AVX2 (`vpmaddubsw`; it also serves
+/// AVX-512 CPUs without VNNI), else scalar.
+fn tier(isa: Isa) -> (PanelFn, QuantizeFn, &'static str) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx512 && avx512::usable() {
+            return (avx512::panels, avx512::quantize_rows, "avx512vnni");
+        }
+        if isa >= Isa::Avx2 && avx2::usable() {
+            return (avx2::panels, avx2::quantize_rows, "avx2");
+        }
+    }
+    let _ = isa;
+    (generic::panels, generic::quantize_rows, "generic")
+}
+
+/// The kernel family `quant_linear` runs for a tier on this CPU (for tests and logs).
+pub fn kernel_name(isa: Isa) -> &'static str {
+    tier(isa).2
+}
+
+thread_local! {
+    /// Each calling thread's activation buffers, reused across calls.
+    static ACTS: RefCell<QActs> = RefCell::new(QActs::default());
+}
+
+/// Quantizes x (rows of k, k a multiple of 32, `x.len()` a multiple of k) per 32-block into `acts`
+/// with `isa`'s kernel: bit-identical to `quantize_block` in every tier.
+pub fn quantize_activations(isa: Isa, x: &[f32], acts: &mut QActs) {
+    assert!(
+        x.len().is_multiple_of(QSUB),
+        "quantize_activations: {} values are not whole 32-blocks",
+        x.len()
+    );
+    assert!(
+        isa.is_supported(),
+        "quantize_activations: tier {} is not supported by this CPU",
+        isa.name()
+    );
+    let nsub = x.len() / QSUB;
+    acts.q.resize(x.len(), 0);
+    acts.q2.resize(x.len(), 0);
+    for v in [&mut acts.d, &mut acts.d_fine] {
+        v.resize(nsub, 0.0);
+    }
+    for v in [&mut acts.s, &mut acts.s_fine] {
+        v.resize(nsub, 0);
+    }
+    // SAFETY: the tier is supported (asserted); every buffer was sized for x above.
+    unsafe { (tier(isa).1)(x, acts) };
+}
+
+/// y[i, j] = sum_kk x[i, kk] * w[j, kk] (+ bias[j]) with w quantized and x quantized per 32-block
+/// (see the module's contract). Panics (never UB) when a length disagrees with the shapes or `isa`
+/// is not supported.
+pub fn quant_linear(
+    isa: Isa,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let (n, k) = (w.n, w.k);
+    assert_eq!(
+        x.len(),
+        m * k,
+        "quant_linear: x has {} elements, expected {m}*{k}",
+        x.len()
+    );
+    assert_eq!(
+        y.len(),
+        m * n,
+        "quant_linear: y has {} elements, expected {m}*{n}",
+        y.len()
+    );
+    assert!(
+        bias.is_none_or(|b| b.len() == n),
+        "quant_linear: the bias must have {n} values"
+    );
+    assert!(
+        isa.is_supported(),
+        "quant_linear: tier {} is not supported by this CPU",
+        isa.name()
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    let panel_fn = tier(isa).0;
+    ACTS.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        quantize_activations(isa, x, &mut acts);
+        let job = Job {
+            acts: &acts,
+            m,
+            w,
+            bias,
+            y: SyncPtr(y.as_mut_ptr()),
+        };
+        let panels = n.div_ceil(QPANEL);
+        let want = par
+            .num_threads()
+            .clamp(1, (m * n * k / MIN_MACS_PER_TASK).max(1));
+        let chunks = chunk_ranges(panels, want, 1);
+        let task = |i: usize| {
+            // SAFETY: supported tier; chunks are disjoint panel ranges, so each task writes its own
+            // columns of y; every length was checked above.
+            unsafe { panel_fn(&job, chunks[i].clone()) }
+        };
+        run_tasks(par, chunks.len(), &task);
+    });
+}
+
+/// Adds the bias and stores one panel's 16 sums of row `i` (only the columns that exist).
+///
+/// # Safety
+/// `job.y` points at m * n f32s and no other thread writes these columns.
+#[inline]
+pub(crate) unsafe fn store(job: &Job<'_>, i: usize, p: usize, sums: &[f32; QPANEL]) {
+    let n = job.w.n;
+    let j0 = p * QPANEL;
+    let live = QPANEL.min(n - j0);
+    let y = job.y.get().add(i * n + j0);
+    for (r, &s) in sums.iter().enumerate().take(live) {
+        *y.add(r) = match job.bias {
+            Some(b) => s + b[j0 + r],
+            None => s,
+        };
+    }
+}

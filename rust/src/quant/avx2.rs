@@ -1,0 +1,252 @@
+//! AVX2 tier of `quant_linear` (also what AVX-512 CPUs without VNNI run): `vpmaddubsw` multiplies
+//! unsigned by signed bytes into i16 pairs, `vpmaddwd` by ones widens them to i32. A 16-row panel is
+//! two 256-bit halves (rows 0-7, rows 8-15); up to 2 x rows share each loaded weight vector.
+//!
+//! - Q8 (signed codes, after `^ 0x80`): the sign trick, |w| times x carrying w's sign, keeps every
+//!   i16 pair sum within 2 * 127 * 127, so nothing saturates; both activation codes (coarse and
+//!   residual) are read and combined in i32.
+//! - Q4 (codes 0..=15): no sign trick; a whole 32-block's pair sums (8 per lane, each within
+//!   2 * 15 * 127) add up in i16 without saturating before one widening.
+//!
+//! Numerical contract: as the scalar tier, except that each block's contribution is added with a
+//! fused multiply-add (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`).
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{store, Format, Job, QActs, LO, QPANEL, QSUB};
+use crate::isa::Isa;
+
+/// x rows per register tile: 2 rows x 2 halves of i32 sums and of f32 outputs.
+const MR: usize = 2;
+
+/// Whether this CPU has the tier (AVX2, FMA, and F16C for the Q4 scales).
+pub fn usable() -> bool {
+    Isa::Avx2.cpu_has() && std::arch::is_x86_feature_detected!("f16c")
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hmax(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+    _mm_cvtss_f32(m)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Eight i32 codes (clamped to [-127, 127]) packed to bytes, in order, at `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn store_codes(c: [__m256i; 4], out: *mut i8) {
+    // packs works within 128-bit lanes; the permute restores k order.
+    let w16 = _mm256_packs_epi16(
+        _mm256_packs_epi32(c[0], c[1]),
+        _mm256_packs_epi32(c[2], c[3]),
+    );
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    _mm256_storeu_si256(out.cast(), _mm256_permutevar8x32_epi32(w16, order));
+}
+
+/// # Safety
+/// The CPU supports the tier (`usable`); `acts` sized for x (`quantize_activations`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
+    let sign = _mm256_set1_ps(-0.0);
+    let (lo, hi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
+    for b in 0..x.len() / QSUB {
+        let p = x.as_ptr().add(b * QSUB);
+        let v = [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ];
+        let a = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+        );
+        let amax = hmax(a);
+        let (dd, id) = if amax > 0.0 {
+            (amax / 127.0, 127.0 / amax)
+        } else {
+            (0.0, 0.0)
+        };
+        let (idv, ddv, id2v) = (
+            _mm256_set1_ps(id),
+            _mm256_set1_ps(dd),
+            _mm256_set1_ps(id * LO as f32),
+        );
+        // Default MXCSR rounding is to nearest even, as the reference's round_ties_even; the residual
+        // is a separate multiply and subtract, as in the reference.
+        let round = |vi: __m256, by: __m256| {
+            _mm256_min_epi32(
+                _mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vi, by)), lo),
+                hi,
+            )
+        };
+        let c = v.map(|vi| round(vi, idv));
+        let mut c2 = c;
+        for h in 0..4 {
+            let r = _mm256_sub_ps(v[h], _mm256_mul_ps(_mm256_cvtepi32_ps(c[h]), ddv));
+            c2[h] = round(r, id2v);
+        }
+        let sum = |c: [__m256i; 4]| {
+            hsum_i32(_mm256_add_epi32(
+                _mm256_add_epi32(c[0], c[1]),
+                _mm256_add_epi32(c[2], c[3]),
+            ))
+        };
+        store_codes(c, acts.q.as_mut_ptr().add(b * QSUB));
+        store_codes(c2, acts.q2.as_mut_ptr().add(b * QSUB));
+        let (s1, s2) = (sum(c), sum(c2));
+        acts.d[b] = dd;
+        acts.s[b] = s1;
+        acts.d_fine[b] = dd / LO as f32;
+        acts.s_fine[b] = LO * s1 + s2;
+    }
+}
+
+#[inline(always)]
+unsafe fn bx(p: *const i8) -> __m256i {
+    _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
+unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
+    let w = job.w;
+    let (f, k) = (w.format, w.k());
+    let (bb, nb, nsub) = (f.block_bytes(), k / f.block(), k / QSUB);
+    let base = w.data().as_ptr().add(p * nb * bb);
+    let a = job.acts;
+    let (xq, xq2) = (a.q.as_ptr().add(i0 * k), a.q2.as_ptr().add(i0 * k));
+    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+    let dfs = &a.d_fine[i0 * nsub..];
+    let mut y = [[_mm256_setzero_ps(); 2]; M];
+    let ones = _mm256_set1_epi16(1);
+    let flip = _mm256_set1_epi8(-128);
+    let nib = _mm256_set1_epi8(0x0f);
+    for b in 0..nb {
+        let blk = base.add(b * bb);
+        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast());
+        match f {
+            Format::Q8 => {
+                let dv = [
+                    _mm256_loadu_ps(blk.cast()),
+                    _mm256_loadu_ps(blk.add(32).cast()),
+                ];
+                for h in 0..2 {
+                    let sb = b * 2 + h;
+                    let mut acc = [[_mm256_setzero_si256(); 2]; M];
+                    let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
+                    for g in 0..8 {
+                        let at = blk.add(64 + h * 512 + g * 64);
+                        let ws = [
+                            _mm256_xor_si256(_mm256_loadu_si256(at.cast()), flip),
+                            _mm256_xor_si256(_mm256_loadu_si256(at.add(32).cast()), flip),
+                        ];
+                        let wa = [_mm256_abs_epi8(ws[0]), _mm256_abs_epi8(ws[1])];
+                        for r in 0..M {
+                            let xo = r * k + sb * QSUB + g * 4;
+                            let (xv, xv2) = (bx(xq.add(xo)), bx(xq2.add(xo)));
+                            for s in 0..2 {
+                                let pr = _mm256_maddubs_epi16(wa[s], _mm256_sign_epi8(xv, ws[s]));
+                                acc[r][s] =
+                                    _mm256_add_epi32(acc[r][s], _mm256_madd_epi16(pr, ones));
+                                let pr = _mm256_maddubs_epi16(wa[s], _mm256_sign_epi8(xv2, ws[s]));
+                                acc2[r][s] =
+                                    _mm256_add_epi32(acc2[r][s], _mm256_madd_epi16(pr, ones));
+                            }
+                        }
+                    }
+                    for r in 0..M {
+                        let dx = _mm256_set1_ps(dfs[r * nsub + sb]);
+                        for s in 0..2 {
+                            let fine = _mm256_add_epi32(
+                                _mm256_mullo_epi32(acc[r][s], _mm256_set1_epi32(LO)),
+                                acc2[r][s],
+                            );
+                            let t = _mm256_mul_ps(_mm256_cvtepi32_ps(fine), dx);
+                            y[r][s] = _mm256_fmadd_ps(dv[s], t, y[r][s]);
+                        }
+                    }
+                }
+            }
+            Format::Q4 => {
+                let dv = [
+                    _mm256_cvtph_ps(_mm_loadu_si128(blk.cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast())),
+                ];
+                let mv = [
+                    _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32).cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(blk.add(48).cast())),
+                ];
+                let mut acc = [[_mm256_setzero_si256(); 2]; M];
+                for g in 0..4 {
+                    let at = blk.add(64 + g * 64);
+                    let v = [
+                        _mm256_loadu_si256(at.cast()),
+                        _mm256_loadu_si256(at.add(32).cast()),
+                    ];
+                    let lo = [_mm256_and_si256(v[0], nib), _mm256_and_si256(v[1], nib)];
+                    let hi = [
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v[0]), nib),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(v[1]), nib),
+                    ];
+                    for r in 0..M {
+                        let xr = xq.add(r * k + b * QSUB + g * 8);
+                        let (xa, xb) = (bx(xr), bx(xr.add(4)));
+                        for s in 0..2 {
+                            let pr = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(lo[s], xa),
+                                _mm256_maddubs_epi16(hi[s], xb),
+                            );
+                            acc[r][s] = _mm256_add_epi16(acc[r][s], pr);
+                        }
+                    }
+                }
+                for r in 0..M {
+                    let sx = _mm256_set1_ps(sxs[r * nsub + b] as f32);
+                    let dx = _mm256_set1_ps(dxs[r * nsub + b]);
+                    for s in 0..2 {
+                        let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][s], ones));
+                        let t = _mm256_fmadd_ps(dv[s], dot, _mm256_mul_ps(mv[s], sx));
+                        y[r][s] = _mm256_fmadd_ps(t, dx, y[r][s]);
+                    }
+                }
+            }
+        }
+    }
+    for r in 0..M {
+        let mut sums = [0.0f32; QPANEL];
+        _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
+        _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
+        store(job, i0 + r, p, &sums);
+    }
+}
+
+/// # Safety
+/// The CPU supports the tier; `job` satisfies `quant_linear`'s contract; no other thread writes the
+/// columns of `panels`.
+pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
+    for p in panels {
+        let mut i0 = 0;
+        while i0 < job.m {
+            let m = (job.m - i0).min(MR);
+            match m {
+                1 => tile::<1>(job, p, i0),
+                _ => tile::<2>(job, p, i0),
+            }
+            i0 += m;
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! AVX-512 VNNI tier of `quant_linear`: `vpdpbusd` multiplies 4 unsigned weight codes by 4 signed
+//! activation codes and adds them into an i32 lane, 16 output rows per instruction; up to 8 x rows
+//! share each loaded weight vector.
+//!
+//! Q8 codes are stored as `c + 128` (unsigned, as `vpdpbusd` wants its first operand), so a block's
+//! sum is corrected by `128 * sum(q)` (exact, in i32); Q8 reads both activation codes (coarse and
+//! residual, two `vpdpbusd` per weight vector) and combines them in i32. Q4 codes are 0..=15 already; their nibbles
+//! are split with a shift and a mask.
+//!
+//! Numerical contract: as the scalar tier, except that each block's contribution is added with a
+//! fused multiply-add (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`).
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{store, Format, Job, QActs, LO, QPANEL, QSUB};
+use crate::isa::Isa;
+
+/// x rows per register tile: 8 (Q8: 16) i32 sums and 8 f32 outputs, plus the weight vectors.
+const MR: usize = 8;
+
+/// Whether this CPU has the tier (AVX-512 F/BW/VL/DQ and VNNI).
+pub fn usable() -> bool {
+    Isa::Avx512.cpu_has() && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+/// # Safety
+/// The CPU supports the tier (`usable`); `acts` sized for x (`quantize_activations`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
+    let sign = _mm512_set1_ps(-0.0);
+    let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
+    for b in 0..x.len() / QSUB {
+        let p = x.as_ptr().add(b * QSUB);
+        let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+        let a = _mm512_max_ps(_mm512_andnot_ps(sign, v[0]), _mm512_andnot_ps(sign, v[1]));
+        let amax = _mm512_reduce_max_ps(a);
+        let (dd, id) = if amax > 0.0 {
+            (amax / 127.0, 127.0 / amax)
+        } else {
+            (0.0, 0.0)
+        };
+        let (idv, ddv, id2v) = (
+            _mm512_set1_ps(id),
+            _mm512_set1_ps(dd),
+            _mm512_set1_ps(id * LO as f32),
+        );
+        let (mut s1, mut s2) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        for (h, &vh) in v.iter().enumerate() {
+            // Default MXCSR rounding is to nearest even, as the reference's round_ties_even; the
+            // residual is a separate multiply and subtract, as in the reference.
+            let c = _mm512_min_epi32(
+                _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(vh, idv)), lo),
+                hi,
+            );
+            let r = _mm512_sub_ps(vh, _mm512_mul_ps(_mm512_cvtepi32_ps(c), ddv));
+            let c2 = _mm512_min_epi32(
+                _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(r, id2v)), lo),
+                hi,
+            );
+            let at = b * QSUB + h * 16;
+            _mm_storeu_si128(acts.q.as_mut_ptr().add(at).cast(), _mm512_cvtepi32_epi8(c));
+            _mm_storeu_si128(
+                acts.q2.as_mut_ptr().add(at).cast(),
+                _mm512_cvtepi32_epi8(c2),
+            );
+            s1 = _mm512_add_epi32(s1, c);
+            s2 = _mm512_add_epi32(s2, c2);
+        }
+        let (s1, s2) = (_mm512_reduce_add_epi32(s1), _mm512_reduce_add_epi32(s2));
+        acts.d[b] = dd;
+        acts.s[b] = s1;
+        acts.d_fine[b] = dd / LO as f32;
+        acts.s_fine[b] = LO * s1 + s2;
+    }
+}
+
+/// Four activation codes starting at `p`, broadcast to every lane.
+#[inline(always)]
+unsafe fn bx(p: *const i8) -> __m512i {
+    _mm512_set1_epi32(p.cast::<i32>().read_unaligned())
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+#[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
+unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
+    let w = job.w;
+    let (f, k) = (w.format, w.k());
+    let (bb, nb, nsub) = (f.block_bytes(), k / f.block(), k / QSUB);
+    let base = w.data().as_ptr().add(p * nb * bb);
+    let a = job.acts;
+    let (xq, xq2) = (a.q.as_ptr().add(i0 * k), a.q2.as_ptr().add(i0 * k));
+    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+    let (dfs, sfs) = (&a.d_fine[i0 * nsub..], &a.s_fine[i0 * nsub..]);
+    let mut y = [_mm512_setzero_ps(); M];
+    let nib = _mm512_set1_epi8(0x0f);
+    for b in 0..nb {
+        let blk = base.add(b * bb);
+        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast());
+        match f {
+            Format::Q8 => {
+                let dv = _mm512_loadu_ps(blk.cast());
+                for h in 0..2 {
+                    let sb = b * 2 + h;
+                    let mut acc = [_mm512_setzero_si512(); M];
+                    let mut acc2 = [_mm512_setzero_si512(); M];
+                    for g in 0..8 {
+                        let wv = _mm512_loadu_si512(blk.add(64 + h * 512 + g * 64).cast());
+                        for r in 0..M {
+                            let at = r * k + sb * QSUB + g * 4;
+                            acc[r] = _mm512_dpbusd_epi32(acc[r], wv, bx(xq.add(at)));
+                            acc2[r] = _mm512_dpbusd_epi32(acc2[r], wv, bx(xq2.add(at)));
+                        }
+                    }
+                    for r in 0..M {
+                        // 254 * (dot + 128 s) + (dot2 + 128 s2) - 128 * (254 s + s2): exact in i32.
+                        let fine = _mm512_add_epi32(
+                            _mm512_mullo_epi32(acc[r], _mm512_set1_epi32(LO)),
+                            acc2[r],
+                        );
+                        let fix = _mm512_set1_epi32(128 * sfs[r * nsub + sb]);
+                        let dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(fine, fix));
+                        let t = _mm512_mul_ps(dot, _mm512_set1_ps(dfs[r * nsub + sb]));
+                        y[r] = _mm512_fmadd_ps(dv, t, y[r]);
+                    }
+                }
+            }
+            Format::Q4 => {
+                let dv = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
+                let mv = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
+                let mut acc = [_mm512_setzero_si512(); M];
+                for g in 0..4 {
+                    let wv = _mm512_loadu_si512(blk.add(64 + g * 64).cast());
+                    let lo = _mm512_and_si512(wv, nib);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), nib);
+                    for r in 0..M {
+                        let xr = xq.add(r * k + b * QSUB + g * 8);
+                        acc[r] = _mm512_dpbusd_epi32(acc[r], lo, bx(xr));
+                        acc[r] = _mm512_dpbusd_epi32(acc[r], hi, bx(xr.add(4)));
+                    }
+                }
+                for r in 0..M {
+                    let sx = _mm512_set1_ps(sxs[r * nsub + b] as f32);
+                    let t = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(mv, sx));
+                    y[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(dxs[r * nsub + b]), y[r]);
+                }
+            }
+        }
+    }
+    for r in 0..M {
+        let mut sums = [0.0f32; QPANEL];
+        _mm512_storeu_ps(sums.as_mut_ptr(), y[r]);
+        store(job, i0 + r, p, &sums);
+    }
+}
+
+/// # Safety
+/// The CPU supports the tier; `job` satisfies `quant_linear`'s contract; no other thread writes the
+/// columns of `panels`.
+pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
+    for p in panels {
+        let mut i0 = 0;
+        while i0 < job.m {
+            let m = (job.m - i0).min(MR);
+            match m {
+                1 => tile::<1>(job, p, i0),
+                2 => tile::<2>(job, p, i0),
+                3 => tile::<3>(job, p, i0),
+                4 => tile::<4>(job, p, i0),
+                5 => tile::<5>(job, p, i0),
+                6 => tile::<6>(job, p, i0),
+                7 => tile::<7>(job, p, i0),
+                _ => tile::<8>(job, p, i0),
+            }
+            i0 += m;
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The quantizers: f32 weights to the reference form (`QuantRows`), one block at a time.
+//!
+//! - Q8: d = s * max|w| / 127 for the s in `Q8_SHRINK` that minimises the weighted squared error
+//!   (s = 1 is Q8_0's rule; a slightly smaller d rounds most values closer at the cost of clipping
+//!   the largest), c = round(w / d).
+//! - Q4: an asymmetric grid, d * c + m with c in 0..=15, fitted as llama.cpp's `make_qkx2_quants`
+//!   does: 21 trial grids around (max - min) / 15, each followed by the weighted least-squares d and m
+//!   for its codes; the best is rounded to f16 and the codes are chosen again for the rounded values.
+//!
+//! Weights of the squared error: with an importance vector (the mean of x^2 per input column over a
+//! calibration text), `imp[col] * sqrt(sigma2 + w^2)` as llama.cpp's imatrix quantizers use; without,
+//! the data-free `mean|w| + |w|` (Q4) or 1 (Q8).
+
+use super::{f16_to_f32, f32_to_f16, Format, QuantRows};
+
+/// Candidate shrink factors of the Q8 scale.
+const Q8_SHRINK: [f32; 5] = [1.0, 0.995, 0.99, 0.985, 0.98];
+
+/// How to quantize one matrix.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantOptions<'a> {
+    pub format: Format,
+    /// Per input column (k values), >= 0: how much each column's error costs.
+    pub importance: Option<&'a [f32]>,
+    /// Threads to quantize rows on (the calling thread is one of them).
+    pub threads: usize,
+}
+
+/// Quantizes a row-major [n, k] matrix. Errors (never panics) name what is wrong with the input.
+pub fn quantize(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    opt: &QuantOptions<'_>,
+) -> Result<QuantRows, String> {
+    let f = opt.format;
+    let bs = f.block();
+    if n.checked_mul(k) != Some(w.len()) {
+        return Err(format!("{} values for a [{n}, {k}] matrix", w.len()));
+    }
+    if k == 0 || !k.is_multiple_of(bs) {
+        return Err(format!(
+            "its input size k = {k} is not a multiple of the {} block ({bs} values)",
+            f.name()
+        ));
+    }
+    if let Some(bad) = w.iter().position(|v| !v.is_finite()) {
+        return Err(format!(
+            "weight [{}, {}] is {} (non-finite weights cannot be quantized)",
+            bad / k,
+            bad % k,
+            w[bad]
+        ));
+    }
+    if let Some(imp) = opt.importance {
+        if imp.len() != k {
+            return Err(format!(
+                "the importance vector has {} values, expected k = {k}",
+                imp.len()
+            ));
+        }
+        if imp.iter().any(|v| !v.is_finite() || *v < 0.0) {
+            return Err("the importance vector must be finite and >= 0".into());
+        }
+    }
+    let nb = k / bs;
+    let mut q = QuantRows {
+        format: f,
+        n,
+        k,
+        codes: vec![0; n * k],
+        scales: vec![0.0; n * nb],
+        mins: if f == Format::Q4 {
+            vec![0.0; n * nb]
+        } else {
+            Vec::new()
+        },
+    };
+    let threads = opt.threads.clamp(1, n.max(1));
+    let rows_per = n.div_ceil(threads).max(1);
+    let mut min_chunks: Vec<&mut [f32]> = if f == Format::Q4 {
+        q.mins.chunks_mut(rows_per * nb).collect()
+    } else {
+        Vec::new()
+    };
+    std::thread::scope(|s| {
+        let mut mins_iter = min_chunks.iter_mut();
+        for (t, (codes, scales)) in q
+            .codes
+            .chunks_mut(rows_per * k)
+            .zip(q.scales.chunks_mut(rows_per * nb))
+            .enumerate()
+        {
+            let mins: Option<&mut [f32]> = mins_iter.next().map(|m| &mut **m);
+            let rows = &w[t * rows_per * k..(t * rows_per * k + codes.len()).min(w.len())];
+            let imp = opt.importance;
+            s.spawn(move || {
+                let mut mins = mins;
+                for (r, row) in rows.chunks_exact(k).enumerate() {
+                    for b in 0..nb {
+                        let x = &row[b * bs..(b + 1) * bs];
+                        let wi = imp.map(|v| &v[b * bs..(b + 1) * bs]);
+                        let c = &mut codes[r * k + b * bs..r * k + (b + 1) * bs];
+                        match f {
+                            Format::Q8 => scales[r * nb + b] = fit_q8(x, wi, c),
+                            Format::Q4 => {
+                                let (d, m) = fit_q4(x, wi, c);
+                                scales[r * nb + b] = d;
+                                if let Some(ms) = mins.as_deref_mut() {
+                                    ms[r * nb + b] = m;
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Ok(q)
+}
+
+fn error_weights(x: &[f32], imp: Option<&[f32]>, data_free: impl Fn(f32) -> f32) -> Vec<f32> {
+    match imp {
+        Some(imp) => {
+            let sigma2 = 2.0 * x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+            x.iter()
+                .zip(imp)
+                .map(|(&v, &i)| i * (sigma2 + v * v).sqrt())
+                .collect()
+        }
+        None => x.iter().map(|&v| data_free(v)).collect(),
+    }
+}
+
+/// One Q8 block: writes `c + 128` into `codes`, returns d.
+fn fit_q8(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    if amax == 0.0 {
+        codes.fill(128);
+        return 0.0;
+    }
+    let wt = error_weights(x, imp, |_| 1.0);
+    let (mut best, mut best_err) = (amax / 127.0, f32::INFINITY);
+    for s in Q8_SHRINK {
+        let d = s * amax / 127.0;
+        let err: f32 = x
+            .iter()
+            .zip(&wt)
+            .map(|(&v, &w)| {
+                let c = (v / d).round().clamp(-127.0, 127.0);
+                w * (v - d * c) * (v - d * c)
+            })
+            .sum();
+        if err < best_err {
+            (best, best_err) = (d, err);
+        }
+    }
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = ((v / best).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
+    }
+    best
+}
+
+/// One Q4 block: writes codes 0..=15, returns (d, m), both f16-representable.
+fn fit_q4(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8]) -> (f32, f32) {
+    let n = x.len() as f32;
+    let av = x.iter().map(|v| v.abs()).sum::<f32>() / n;
+    let wt = error_weights(x, imp, |v| av + v.abs());
+    let lo = x.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+    let hi = x.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+    let (mut d, mut m) = (0.0f32, lo);
+    if hi > lo {
+        let err_of = |d: f32, m: f32, q: &[f32]| -> f32 {
+            x.iter()
+                .zip(q)
+                .zip(&wt)
+                .map(|((&v, &c), &w)| w * (d * c + m - v).powi(2))
+                .sum()
+        };
+        let mut q = vec![0.0f32; x.len()];
+        let grid = |iscale: f32, q: &mut [f32]| {
+            for (c, &v) in q.iter_mut().zip(x) {
+                *c = (iscale * (v - lo)).round().clamp(0.0, 15.0);
+            }
+        };
+        d = (hi - lo) / 15.0;
+        grid(1.0 / d, &mut q);
+        let mut best_err = err_of(d, m, &q);
+        for step in 0..=20 {
+            let iscale = (-1.0 + 0.1 * step as f32 + 15.0) / (hi - lo);
+            grid(iscale, &mut q);
+            // Weighted least squares for (d, m) given the codes.
+            let (mut sw, mut sq, mut sq2, mut sx, mut sqx) =
+                (0.0f32, 0.0f32, 0.0f32, 0.0f32, 0.0f32);
+            for ((&v, &c), &w) in x.iter().zip(&q).zip(&wt) {
+                sw += w;
+                sq += w * c;
+                sq2 += w * c * c;
+                sx += w * v;
+                sqx += w * c * v;
+            }
+            let det = sw * sq2 - sq * sq;
+            if det <= 0.0 {
+                continue;
+            }
+            let (dd, mm) = ((sw * sqx - sq * sx) / det, (sq2 * sx - sq * sqx) / det);
+            let e = err_of(dd, mm, &q);
+            if e < best_err && dd > 0.0 {
+                (d, m, best_err) = (dd, mm, e);
+            }
+        }
+    }
+    let (d, m) = (f16_to_f32(f32_to_f16(d)), f16_to_f32(f32_to_f16(m)));
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = if d > 0.0 {
+            ((v - m) / d).round().clamp(0.0, 15.0) as u8
+        } else {
+            0
+        };
+    }
+    (d, m)
+}

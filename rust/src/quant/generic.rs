@@ -1,0 +1,89 @@
+//! Portable scalar tier of `quant_linear`, and the test oracle for the SIMD tiers.
+//!
+//! Numerical contract: exact i32 dot products per 32-block; each block's contribution
+//! `d * ((254 * dot + dot2) * dx')` (Q8, coarse and residual codes) or `(d * dot + m * sum(q)) * dx`
+//! (Q4) is added to the output in k order with
+//! plain multiplies and adds (no fused multiply-add); then the bias.
+
+use std::ops::Range;
+
+use super::{f16_to_f32, quantize_block, store, Format, Job, QActs, LO, QPANEL, QSUB};
+
+/// # Safety
+/// `acts` sized for x (`quantize_activations`).
+pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
+    let QActs {
+        q,
+        q2,
+        d,
+        s,
+        d_fine,
+        s_fine,
+    } = acts;
+    let blocks = x
+        .chunks_exact(QSUB)
+        .zip(q.chunks_exact_mut(QSUB))
+        .zip(q2.chunks_exact_mut(QSUB));
+    for (b, ((xb, qb), q2b)) in blocks.enumerate() {
+        let c = quantize_block(xb, qb, q2b);
+        (d[b], s[b], d_fine[b], s_fine[b]) = (c.d, c.s, c.d_fine, c.s_fine);
+    }
+}
+
+/// # Safety
+/// `job` satisfies `quant_linear`'s length contract; no other thread writes the columns of `panels`.
+pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
+    let w = job.w;
+    let (f, k) = (w.format, w.k());
+    let (bs, bb, nb, nsub) = (f.block(), f.block_bytes(), k / f.block(), k / QSUB);
+    let data = w.data();
+    for p in panels {
+        for i in 0..job.m {
+            let a = job.acts;
+            let (xq, xq2) = (&a.q[i * k..(i + 1) * k], &a.q2[i * k..(i + 1) * k]);
+            let mut sums = [0.0f32; QPANEL];
+            for (r, sum) in sums.iter_mut().enumerate() {
+                for b in 0..nb {
+                    let blk = &data[(p * nb + b) * bb..(p * nb + b + 1) * bb];
+                    for h in 0..bs / QSUB {
+                        let sb = b * (bs / QSUB) + h;
+                        let (mut dot, mut dot2) = (0i32, 0i32);
+                        for t in 0..QSUB {
+                            let kk = h * QSUB + t;
+                            let c = match f {
+                                Format::Q8 => blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] as i32 - 128,
+                                Format::Q4 => {
+                                    let (g, hi, u) = (kk / 8, (kk % 8) / 4, kk % 4);
+                                    ((blk[64 + g * 64 + r * 4 + u] >> (4 * hi)) & 0x0f) as i32
+                                }
+                            };
+                            dot += c * xq[sb * QSUB + t] as i32;
+                            dot2 += c * xq2[sb * QSUB + t] as i32;
+                        }
+                        let contrib = match f {
+                            Format::Q8 => {
+                                let d =
+                                    f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap());
+                                let fine = LO * dot + dot2;
+                                d * (fine as f32 * a.d_fine[i * nsub + sb])
+                            }
+                            Format::Q4 => {
+                                let d =
+                                    f16_to_f32(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]));
+                                let m = f16_to_f32(u16::from_le_bytes([
+                                    blk[32 + 2 * r],
+                                    blk[33 + 2 * r],
+                                ]));
+                                let (dx, sx) = (a.d[i * nsub + sb], a.s[i * nsub + sb]);
+                                (d * dot as f32 + m * sx as f32) * dx
+                            }
+                        };
+                        *sum += contrib;
+                    }
+                }
+            }
+            // SAFETY: forwarded from the caller (this task owns panel p's columns).
+            unsafe { store(job, i, p, &sums) };
+        }
+    }
+}

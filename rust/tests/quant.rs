@@ -1,0 +1,294 @@
+//! 8-bit and 4-bit weights: the quantizers' error bounds and refusals, packing round trips, the
+//! activation quantizer of every tier bit-identical to the scalar reference, and `quant_linear` of
+//! every tier against a float64 linear of the dequantized weights and int8-rounded activations over
+//! awkward shapes (m = 1..17 around the 2- and 8-row tiles, n = 1, 15, 16, 17, 63, 65 around the
+//! 16-row panel, k = 64..1536), serial, threaded and on the decoder's pool.
+
+mod common;
+
+use common::Rng;
+use kwker_kernels::isa;
+use kwker_kernels::par::{ScopedThreads, Serial};
+use kwker_kernels::pool::SpinPool;
+use kwker_kernels::quant::{
+    kernel_name, quant_linear, quantize, quantize_activations, quantize_block, Format, QActs,
+    QuantOptions, QuantWeight, LO, QSUB,
+};
+
+fn opts(format: Format) -> QuantOptions<'static> {
+    QuantOptions {
+        format,
+        importance: None,
+        threads: 2,
+    }
+}
+
+/// The exact meaning of a call: dequantized weights times int8-rounded activations, in f64.
+fn reference(x: &[f32], m: usize, w: &QuantWeight, bias: Option<&[f32]>) -> (Vec<f64>, Vec<f64>) {
+    let (n, k) = (w.n(), w.k());
+    let wd = w.unpack().dequantize();
+    let mut xd = vec![0.0f64; m * k];
+    let (mut q, mut q2) = ([0i8; QSUB], [0i8; QSUB]);
+    for (b, xb) in x.chunks_exact(QSUB).enumerate() {
+        let c = quantize_block(xb, &mut q, &mut q2);
+        for t in 0..QSUB {
+            // Q4 reads the coarse codes, Q8 the coarse and residual ones (module contract).
+            xd[b * QSUB + t] = match w.format {
+                Format::Q4 => q[t] as f64 * c.d as f64,
+                Format::Q8 => (LO as f64 * q[t] as f64 + q2[t] as f64) * c.d_fine as f64,
+            };
+        }
+    }
+    let (mut y, mut scale) = (vec![0.0f64; m * n], vec![0.0f64; m * n]);
+    for i in 0..m {
+        for j in 0..n {
+            let (mut s, mut a) = (
+                bias.map_or(0.0, |b| b[j] as f64),
+                bias.map_or(0.0, |b| b[j].abs() as f64),
+            );
+            for kk in 0..k {
+                let p = xd[i * k + kk] * wd[j * k + kk] as f64;
+                s += p;
+                a += p.abs();
+            }
+            y[i * n + j] = s;
+            scale[i * n + j] = a;
+        }
+    }
+    (y, scale)
+}
+
+fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng) {
+    let x = rng.vec(m * k);
+    let wf = rng.vec(n * k);
+    let b = bias.then(|| rng.vec(n));
+    let w = QuantWeight::pack(&quantize(&wf, n, k, &opts(format)).unwrap());
+    let (want, scale) = reference(&x, m, &w, b.as_deref());
+    for tier in isa::supported() {
+        for threads in [1, 3] {
+            let mut got = vec![f32::NAN; m * n];
+            if threads == 1 {
+                quant_linear(tier, &Serial, &x, m, &w, b.as_deref(), &mut got);
+            } else {
+                quant_linear(
+                    tier,
+                    &ScopedThreads(threads),
+                    &x,
+                    m,
+                    &w,
+                    b.as_deref(),
+                    &mut got,
+                );
+            }
+            for (i, ((g, r), s)) in got.iter().zip(&want).zip(&scale).enumerate() {
+                assert!(
+                    (*g as f64 - r).abs() <= 2e-6 * s + 1e-30,
+                    "{} ({}) {format:?} m={m} n={n} k={k} bias={bias} threads={threads}: element {i}: {g} vs {r}",
+                    tier.name(),
+                    kernel_name(tier)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_tier_matches_the_reference_on_awkward_shapes() {
+    let mut rng = Rng::new(21);
+    for format in [Format::Q8, Format::Q4] {
+        for &n in &[1, 15, 16, 17, 63, 65] {
+            for &k in &[64, 128, 576] {
+                for &m in &[1, 2, 3, 8, 9, 17] {
+                    case(format, m, n, k, n % 2 == 1, &mut rng);
+                }
+            }
+        }
+        case(format, 70, 96, 1536, true, &mut rng);
+    }
+}
+
+#[test]
+fn split_across_the_decoders_pool_equals_serial() {
+    let mut rng = Rng::new(22);
+    let pool = SpinPool::new(3);
+    for format in [Format::Q8, Format::Q4] {
+        for &(m, n, k) in &[(1, 4096, 256), (8, 1000, 576), (40, 520, 320)] {
+            let x = rng.vec(m * k);
+            let w = QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap());
+            for tier in isa::supported() {
+                let (mut serial, mut split) = (vec![0.0f32; m * n], vec![f32::NAN; m * n]);
+                quant_linear(tier, &Serial, &x, m, &w, None, &mut serial);
+                quant_linear(tier, &pool, &x, m, &w, None, &mut split);
+                assert_eq!(
+                    serial,
+                    split,
+                    "{} {format:?} m={m} n={n} k={k}",
+                    tier.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn activation_codes_are_bit_identical_in_every_tier() {
+    // Random rows; a row whose max is 127 (so x * 127 / max|x| = x exactly) holding .5 ties, which
+    // round to even; zeros; a spike beside tiny values; 40 blocks so every vector loop has a tail.
+    let mut rng = Rng::new(23);
+    let mut x = rng.vec(QSUB * 40);
+    for t in 0..QSUB {
+        x[QSUB + t] = if t == 0 { 127.0 } else { t as f32 - 15.5 };
+        x[2 * QSUB + t] = 0.0;
+        x[3 * QSUB + t] = if t == 5 { 1e30 } else { 1e-3 * t as f32 };
+    }
+    let mut want = QActs {
+        q: vec![0; x.len()],
+        q2: vec![0; x.len()],
+        ..QActs::default()
+    };
+    let blocks = x
+        .chunks_exact(QSUB)
+        .zip(want.q.chunks_exact_mut(QSUB))
+        .zip(want.q2.chunks_exact_mut(QSUB));
+    for (b, ((xb, qb), q2b)) in blocks.enumerate() {
+        let c = quantize_block(xb, qb, q2b);
+        let sum = |q: &[i8]| q.iter().map(|&c| c as i32).sum::<i32>();
+        assert_eq!(
+            (c.s, c.s_fine),
+            (sum(qb), LO * sum(qb) + sum(q2b)),
+            "block {b}: sums of its codes"
+        );
+        // The fine representation is within half a fine step of x.
+        for t in 0..QSUB {
+            let back = (LO * qb[t] as i32 + q2b[t] as i32) as f32 * c.d_fine;
+            assert!(
+                (back - xb[t]).abs() <= 0.5001 * c.d_fine + 1e-30,
+                "block {b}[{t}]: {back} vs {}",
+                xb[t]
+            );
+        }
+        want.d.push(c.d);
+        want.s.push(c.s);
+        want.d_fine.push(c.d_fine);
+        want.s_fine.push(c.s_fine);
+    }
+    assert_eq!(&want.q[QSUB..QSUB + 4], &[127, -14, -14, -12]); // -14.5 -> -14, -13.5 -> -14 (even)
+    assert_eq!((want.d[2], want.s[2]), (0.0, 0));
+    for tier in isa::supported() {
+        let mut got = QActs::default();
+        quantize_activations(tier, &x, &mut got);
+        assert_eq!(got.q, want.q, "{}: codes", tier.name());
+        assert_eq!(got.d, want.d, "{}: scales", tier.name());
+        assert_eq!(got.s, want.s, "{}: sums", tier.name());
+        assert_eq!(got.q2, want.q2, "{}: residual codes", tier.name());
+        assert_eq!(got.d_fine, want.d_fine, "{}: fine scales", tier.name());
+        assert_eq!(got.s_fine, want.s_fine, "{}: fine sums", tier.name());
+    }
+}
+
+#[test]
+fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
+    let mut rng = Rng::new(24);
+    let (n, k) = (37, 192);
+    let w = rng.vec(n * k);
+    for format in [Format::Q8, Format::Q4] {
+        let q = quantize(&w, n, k, &opts(format)).unwrap();
+        let back = QuantWeight::pack(&q).unpack();
+        assert_eq!(back, q, "{format:?}: pack then unpack");
+        let d = q.dequantize();
+        let bs = format.block();
+        for j in 0..n {
+            for b in 0..k / bs {
+                let blk = j * k + b * bs..j * k + (b + 1) * bs;
+                let amax = w[blk.clone()].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let err = blk
+                    .clone()
+                    .map(|i| (w[i] - d[i]).abs())
+                    .fold(0.0f32, f32::max);
+                // Q8: half a step of the unshrunk grid plus the largest clip (2 %); Q4: one step of
+                // a 15-step grid over [min, max], which is at most 2 * amax wide.
+                let bound = match format {
+                    Format::Q8 => 0.5 * amax / 127.0 + 0.021 * amax,
+                    Format::Q4 => 2.0 * amax / 15.0,
+                };
+                assert!(
+                    err <= bound,
+                    "{format:?} row {j} block {b}: error {err} > {bound}"
+                );
+            }
+        }
+        let mut row = vec![0.0f32; k];
+        let packed = QuantWeight::pack(&q);
+        packed.row_f32(5, &mut row);
+        assert_eq!(&row[..], &d[5 * k..6 * k]);
+    }
+    let q4 = quantize(&w, n, k, &opts(Format::Q4)).unwrap();
+    let rms = |d: &[f32]| {
+        (w.iter().zip(d).map(|(a, b)| (a - b).powi(2)).sum::<f32>() / w.len() as f32).sqrt()
+    };
+    // Uniform weights on [-1, 1): a 16-level grid's rounding alone gives 2 / 15 / sqrt(12) = 0.0385.
+    assert!(rms(&q4.dequantize()) < 0.036, "{}", rms(&q4.dequantize()));
+}
+
+#[test]
+fn importance_moves_the_error_to_the_columns_that_do_not_matter() {
+    let mut rng = Rng::new(25);
+    let (n, k) = (64, 128);
+    let w = rng.vec(n * k);
+    let imp: Vec<f32> = (0..k)
+        .map(|c| if c % 4 == 0 { 100.0 } else { 0.01 })
+        .collect();
+    let weighted =
+        |q: &[f32]| -> f32 { (0..n * k).map(|i| imp[i % k] * (w[i] - q[i]).powi(2)).sum() };
+    let plain = quantize(&w, n, k, &opts(Format::Q4)).unwrap().dequantize();
+    let fitted = quantize(
+        &w,
+        n,
+        k,
+        &QuantOptions {
+            format: Format::Q4,
+            importance: Some(&imp),
+            threads: 1,
+        },
+    )
+    .unwrap()
+    .dequantize();
+    assert!(
+        weighted(&fitted) < 0.8 * weighted(&plain),
+        "{} vs {}",
+        weighted(&fitted),
+        weighted(&plain)
+    );
+}
+
+#[test]
+fn bad_matrices_are_refused_with_a_reason() {
+    let o8 = opts(Format::Q8);
+    let err = quantize(&vec![0.5; 3 * 96], 3, 96, &o8).unwrap_err();
+    assert!(
+        err.contains("k = 96 is not a multiple of the q8 block (64 values)"),
+        "{err}"
+    );
+    let mut w = vec![0.5; 2 * 64];
+    w[70] = f32::NAN;
+    let err = quantize(&w, 2, 64, &o8).unwrap_err();
+    assert!(err.contains("weight [1, 6] is NaN"), "{err}");
+    let err = quantize(&[0.0; 10], 2, 64, &o8).unwrap_err();
+    assert!(err.contains("10 values for a [2, 64] matrix"), "{err}");
+    let imp = [1.0; 3];
+    let bad_imp = QuantOptions {
+        format: Format::Q4,
+        importance: Some(&imp),
+        threads: 1,
+    };
+    assert!(quantize(&[0.0; 64], 2, 32, &bad_imp)
+        .unwrap_err()
+        .contains("expected k = 32"));
+    // Constant and all-zero blocks are exact.
+    for format in [Format::Q8, Format::Q4] {
+        let q = quantize(&[0.0; 128], 2, 64, &opts(format)).unwrap();
+        assert!(q.dequantize().iter().all(|&v| v == 0.0));
+    }
+    let q = quantize(&[0.25; 64], 2, 32, &opts(Format::Q4)).unwrap();
+    assert!(q.dequantize().iter().all(|&v| v == 0.25));
+}
