@@ -11,14 +11,19 @@ a sum (kwker's order, or torch's on another CPU, or which shapes install() measu
 it is compared with stock torch bf16 and any difference must be where the two top logits are within two
 bf16 steps (the rounding of the logit and of the hidden state it comes from).
 
-Run: ``python -m kwker_torch.demo [--prompt TEXT] [--new-tokens N] [--runs R] [--dtype bf16 f32]``.
-Exit status 1 if tokens differ other than at a bf16 tie.
+The ``quant`` section runs ``decode.install(model, precision="int8")`` and ``"int4"`` (8-/4-bit weights)
+against stock torch bf16; their tokens are not the model's own (the weights are rounded), and the row says
+for how many tokens they agree with stock float32.
+
+Run: ``python -m kwker_torch.demo [--prompt TEXT] [--new-tokens N] [--runs R] [--dtype bf16 f32 quant]``.
+Exit status 1 if exact paths' tokens differ other than at a bf16 tie.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -38,6 +43,7 @@ class Run:
     generate: Callable[[], tuple[torch.Tensor, torch.Tensor]]
     reference: str  # name of the run whose tokens this one must reproduce ("" for a reference itself)
     tie_ok: bool = False  # a difference at an exact bf16 tie in the reference's logits is allowed
+    quantized: bool = False  # 8/4-bit weights: tokens may differ; the row says how far they agree
 
 
 def say(msg: str, end: str = "\n") -> None:
@@ -64,6 +70,8 @@ def verdict(run: Run, tokens: dict[str, torch.Tensor], logits: dict[str, torch.T
     if torch.equal(mine, theirs):
         return f"yes (= {run.reference})", True
     step = int((mine != theirs).nonzero()[0, 0])
+    if run.quantized:
+        return f"quantized: the first {step} of {len(mine)} tokens equal {run.reference}'s", True
     ref = logits[run.reference][step]
     top, pick = ref.max(), ref[mine[step]]
     ulp = 2.0 ** (torch.floor(torch.log2(top.abs())) - 7)
@@ -113,7 +121,7 @@ def main() -> None:
     p.add_argument("--prompt", default="Write a short story about a lighthouse keeper who finds a message in a bottle.")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--dtype", nargs="+", choices=["bf16", "f32"], default=["bf16", "f32"])
+    p.add_argument("--dtype", nargs="+", choices=["bf16", "f32", "quant"], default=["bf16", "f32", "quant"])
     a = p.parse_args()
     n = a.new_tokens
     say(f"kwker demo: real SmolLM2-135M-Instruct, kernels tier {isa()}, {num_threads()} threads")
@@ -127,6 +135,11 @@ def main() -> None:
     t0 = time.perf_counter()
     bf16_dec = decode.install(copy.deepcopy(bf16), max_batch=1, max_context=512)
     f32_dec = decode.install(copy.deepcopy(f32), max_batch=1, max_context=512)
+    quant = {}
+    if "quant" in a.dtype:
+        say("quantizing to int8 and int4 ...", end=" ")
+        for p_ in ("int8", "int4"):
+            quant[p_] = decode.install(copy.deepcopy(f32), precision=p_, max_batch=1, max_context=512)
     say(f"{time.perf_counter() - t0:.1f} s\n")
     f32_ref = _gen(f32, ids, n)  # stock float32 tokens: what every exact path must give
     torch_ops.reset_choices()
@@ -141,15 +154,24 @@ def main() -> None:
             Run("torch_ops.install()", lambda: _with_ops(f32, ids, n), "stock torch"),
             Run("decode.install()", lambda: _gen(f32_dec, ids, n), "stock torch"),
         ],
-    }
+        "quant": [
+            Run("stock torch bf16", lambda: _gen(bf16, ids, n), ""),
+            *[
+                Run(f"decode.install({p_})", functools.partial(_gen, m, ids, n), "stock torch float32",
+                    quantized=True)
+                for p_, m in quant.items()
+            ],
+        ],
+    }  # fmt: skip
     all_rows, ok, text = [], True, ""
     for label in a.dtype:
         # The bf16 decoder computes in float32: its tokens are compared with stock float32's.
         rows, good = section(label, sections[label], a.runs, n, {"stock torch float32": f32_ref})
         all_rows += rows
         ok &= good
-        text = tok.decode(_gen(f32_dec if label == "f32" else bf16_dec, ids, n)[0], skip_special_tokens=True)
-        say(f"decode.install() output ({label}): {text!r}\n")
+        shown = {"f32": f32_dec, "bf16": bf16_dec}.get(label) or quant["int4"]
+        text = tok.decode(_gen(shown, ids, n)[0], skip_special_tokens=True)
+        say(f"decode.install({'int4' if label == 'quant' else ''}) output ({label}): {text!r}\n")
     if len(a.dtype) > 1:
         say("summary:\n" + HEADER)
         for row in all_rows:
