@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,6 +77,8 @@ def _setup_ctypes() -> None:
         "kwker_decoder_builder": (P, [ctypes.POINTER(_DecoderConfig), buf, SZ]),
         "kwker_decoder_set": (I32, [P, I32, I64, I32, P, I64, I64, buf, SZ]),
         "kwker_decoder_set_quant": (I32, [P, I32, I64, I32, P, I64, I64, I32, P, buf, SZ]),
+        "kwker_decoder_set_packed": (I32, [P, I32, I64, I32, P, SZ, I64, I64, buf, SZ]),
+        "kwker_decoder_export": (I32, [P, I32, I64, P, P, P, P, SZ, P, buf, SZ]),
         "kwker_decoder_build": (P, [P, buf, SZ]),
         "kwker_decoder_builder_free": (None, [P]),
         "kwker_decoder_free": (None, [P]),
@@ -305,6 +308,8 @@ class KwkDecoder:
         info["weight_bytes_per_token"] = int(_native.LIB.kwker_decoder_weight_bytes(h))
         dec = cls(h, cfg, c.vocab, max_batch, max_context, info)
         dec._eos = _eos_ids(model)
+        dec._native_cfg = {name: getattr(c, name) for name, _ in _DecoderConfig._fields_ if name != "inv_freq"}
+        dec._native_cfg["inv_freq"] = inv_freq.tolist()
         log.info(
             "kwker: KwkDecoder for %s (%s): %d bf16, %d float32, %d q8 and %d q4 matrices (%.2f bits per weight), "
             "%.0f MB of weights per token, KV cache %.0f MB (float32, %d slots x %d positions)",
@@ -389,6 +394,24 @@ class KwkDecoder:
             put(WDOWN, i, mlp.down_proj.weight, True, "down")
             if mlp.down_proj.bias is not None:
                 put(BDOWN, i, mlp.down_proj.bias.float(), False)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes this decoder's weights as stored (packed, quantized if so) to the folder ``path``:
+        ``weights.safetensors`` plus ``kwker.json`` (config, formats, checksums), so a server loads a
+        converted model without quantizing again (``KwkDecoder.load``)."""
+        from . import decoder_io
+
+        decoder_io.save(self, path)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], max_batch: int | None = None, max_context: int | None = None
+    ) -> KwkDecoder:
+        """A decoder saved by ``save``; ``max_batch`` / ``max_context`` default to the saved ones. A folder from
+        another kwker save format or with a damaged file raises ``ValueError`` saying which."""
+        from . import decoder_io
+
+        return decoder_io.load(cls, path, max_batch, max_context)
 
     def __del__(self) -> None:
         h = getattr(self, "_h", None)

@@ -243,15 +243,18 @@ def test_generate_from_two_threads_equals_serial() -> None:
 
 def test_kwker_alias_runs_the_documented_snippet() -> None:
     """``import kwker; from kwker.decode import install`` as in the product's documentation (a local model
-    instead of a hub id); precision="int4" says it is not available yet."""
+    instead of a hub id), also with precision="int4" (the snippet's quantized form)."""
     import kwker
     from kwker.decode import install
 
     model = small(layers=1)
     ids = torch.randint(3, 1000, (1, 6), generator=torch.Generator().manual_seed(5))
     want = generate_greedy(model, ids, 8)
-    with pytest.raises(NotImplementedError, match="precision='int4' \\(8/4-bit weights\\) is not available yet"):
-        install(model, precision="int4")
+    install(model, precision="int4")
+    assert decode.decoder_of(model).info["q4_matrices"] > 0
+    with torch.no_grad():
+        quantized = model.generate(ids, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids))
+    assert quantized.shape == want.shape
     install(model)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids))

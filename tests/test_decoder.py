@@ -226,8 +226,6 @@ def test_unsupported_models_and_config_fields_are_named() -> None:
     with pytest.raises(ValueError, match="not on the CPU"):
         KwkDecoder.from_hf(meta)
     model = random_model("SmolLM2-360M", num_hidden_layers=1)
-    with pytest.raises(NotImplementedError, match="precision='int4' \\(8/4-bit weights\\) is not available yet"):
-        KwkDecoder.from_hf(model, precision="int4")
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         KwkDecoder.from_hf(model, precision="fp8")
     with pytest.raises(ValueError, match="max_batch must be a positive int"):

@@ -365,7 +365,7 @@ def test_gguf_contender_plumbing(
     assert rc == 0, err
     assert mod.LlamaCppWorker.loaded == [(str(gguf_file), 64, 64)]
     ref, cpp = json.loads(out)["contenders"]
-    assert cpp["name"] == "llama.cpp" and cpp["format"].startswith("gguf")
+    assert cpp["name"] == "llama.cpp model.gguf" and cpp["format"].startswith("gguf")  # named by file type, else file
     assert cpp["perplexity"] == pytest.approx(ref["perplexity"], rel=1e-6) and cpp["top1"] == 1.0
 
 

@@ -149,3 +149,58 @@ def test_decoder_error_type_is_unchanged_for_quantized_steps() -> None:
     dec = KwkDecoder.from_hf(family_model("SmolLM2-360M"), precision="int8", max_context=16)
     with pytest.raises(DecoderError, match="token id 50000 is out of range"):
         dec.step([(0, [50000])])
+
+
+@pytest.mark.parametrize("precision", ["preserve", "int4"])
+def test_save_then_load_gives_the_same_numbers(precision: str, tmp_path: object) -> None:
+    model = quant_family("Mistral-7B-v0.1")  # untied lm_head, sliding window: every stored kind
+    dec = KwkDecoder.from_hf(model, precision=precision, max_batch=2, max_context=64)
+    dec.save(tmp_path)
+    back = KwkDecoder.load(tmp_path)
+    assert back.info["formats"] == dec.info["formats"]
+    assert back.info["weight_bytes_per_token"] == dec.info["weight_bytes_per_token"]
+    assert (back.max_batch, back.max_context) == (2, 64)
+    ids = torch.randint(3, 1000, (30,), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(back.score(ids), dec.score(ids))
+    assert back.generate(ids, 8).tokens == dec.generate(ids, 8).tokens
+    wider = KwkDecoder.load(tmp_path, max_batch=3, max_context=128)
+    assert (wider.max_batch, wider.max_context) == (3, 128)
+    assert torch.equal(wider.score(ids), dec.score(ids))
+
+
+def test_damaged_or_foreign_saves_are_refused(tmp_path: object) -> None:
+    import json
+    import os
+    import shutil
+
+    dec = KwkDecoder.from_hf(family_model("SmolLM2-360M", layers=1), precision="int8", max_context=32)
+    good = os.path.join(str(tmp_path), "good")
+    dec.save(good)
+    with pytest.raises(ValueError, match="it needs kwker.json and weights.safetensors"):
+        KwkDecoder.load(os.path.join(str(tmp_path), "nowhere"))
+
+    def copy(name: str) -> str:
+        dst = os.path.join(str(tmp_path), name)
+        shutil.copytree(good, dst)
+        return dst
+
+    other = copy("other-version")
+    meta = json.load(open(os.path.join(other, "kwker.json")))
+    meta["version"] = 99
+    json.dump(meta, open(os.path.join(other, "kwker.json"), "w"))
+    with pytest.raises(ValueError, match="saved as 'kwker-decoder' version 99 .* save it again"):
+        KwkDecoder.load(other)
+
+    flipped = copy("flipped")
+    path = os.path.join(flipped, "weights.safetensors")
+    data = bytearray(open(path, "rb").read())
+    data[-1000] ^= 0x40  # inside the last tensor's bytes
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(ValueError, match="fails its checksum"):
+        KwkDecoder.load(flipped)
+
+    cut = copy("cut")
+    path = os.path.join(cut, "weights.safetensors")
+    open(path, "wb").write(open(os.path.join(good, "weights.safetensors"), "rb").read()[:5000])
+    with pytest.raises(ValueError, match="weights.safetensors (is damaged|lacks or cannot read)"):
+        KwkDecoder.load(cut)

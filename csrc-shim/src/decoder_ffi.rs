@@ -14,6 +14,7 @@ use kwker_kernels::decoder::builder::{Builder, Data, Kind, Store};
 use kwker_kernels::decoder::config::Config;
 use kwker_kernels::decoder::generate::{generate, Finish, GenParams};
 use kwker_kernels::decoder::sample::SampleParams;
+use kwker_kernels::decoder::weights::Mat;
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
 use kwker_kernels::par::Parallel;
 use kwker_kernels::pool::SpinPool;
@@ -486,6 +487,126 @@ pub unsafe extern "C" fn kwker_decoder_copy_prefix(
         // SAFETY: forwarded caller guarantee.
         let h = unsafe { handle(h)? };
         lock(h).copy_prefix(size(src, "src")?, size(dst, "dst")?, size(len, "length")?)
+    })
+}
+
+/// One stored tensor of a built decoder, for saving: writes its format (0 f32, 1 bf16, 2 q8, 3 q4
+/// packed matrix; 4 f32 vector; -1 absent, e.g. a bias the model does not have), its shape and the byte
+/// count to `fmt`, `rows`, `cols`, `needed`, and copies the bytes into `buf` when `buf_len` suffices.
+///
+/// # Safety
+/// `h` a live decoder; the out-pointers valid; `buf` null or holding `buf_len` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_decoder_export(
+    h: *mut c_void,
+    kind: i32,
+    layer: i64,
+    fmt: *mut i32,
+    rows: *mut i64,
+    cols: *mut i64,
+    buf: *mut u8,
+    buf_len: usize,
+    needed: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantee.
+        let h = unsafe { handle(h)? };
+        if fmt.is_null() || rows.is_null() || cols.is_null() || needed.is_null() {
+            return Err("null output pointer".into());
+        }
+        let kind = Kind::from_code(kind).ok_or_else(|| format!("unknown tensor kind {kind}"))?;
+        let dec = lock(h);
+        let w = dec.weights();
+        let layer = size(layer, "layer")?;
+        let l = w.layers.get(layer);
+        let need_layer = || {
+            format!(
+                "layer {layer} does not exist (the model has {})",
+                w.layers.len()
+            )
+        };
+        enum T<'a> {
+            M(&'a Mat),
+            V(&'a [f32]),
+            None,
+        }
+        let t = match kind {
+            Kind::Embed => T::M(&w.embed),
+            Kind::LmHead => w.lm_head.as_ref().map_or(T::None, T::M),
+            Kind::FinalNorm => T::V(&w.final_norm),
+            _ => {
+                let l = l.ok_or_else(need_layer)?;
+                match kind {
+                    Kind::AttnNorm => T::V(&l.attn_norm),
+                    Kind::Wqkv => T::M(&l.wqkv),
+                    Kind::Bqkv => l.bqkv.as_deref().map_or(T::None, T::V),
+                    Kind::Wo => T::M(&l.wo),
+                    Kind::Bo => l.bo.as_deref().map_or(T::None, T::V),
+                    Kind::FfnNorm => T::V(&l.ffn_norm),
+                    Kind::WGateUp => T::M(&l.w_gate_up),
+                    Kind::BGateUp => l.b_gate_up.as_deref().map_or(T::None, T::V),
+                    Kind::WDown => T::M(&l.w_down),
+                    _ => l.b_down.as_deref().map_or(T::None, T::V),
+                }
+            }
+        };
+        let (code, r, c, bytes): (i32, usize, usize, Vec<u8>) = match t {
+            T::M(m) => (m.format_code(), m.rows(), m.cols(), m.packed_bytes()),
+            T::V(v) => (
+                4,
+                1,
+                v.len(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+            T::None => (-1, 0, 0, Vec::new()),
+        };
+        // SAFETY: valid out-pointers (caller's contract, null-checked above).
+        unsafe {
+            *fmt = code;
+            *rows = r as i64;
+            *cols = c as i64;
+            *needed = bytes.len();
+            if !buf.is_null() && buf_len >= bytes.len() {
+                // SAFETY: buf holds buf_len >= bytes.len() bytes (caller's contract).
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len());
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Copies one saved packed matrix (format 0-3 of `kwker_decoder_export`) into a builder.
+///
+/// # Safety
+/// `b` a live builder handle; `data` holds `len` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_decoder_set_packed(
+    b: *mut c_void,
+    kind: i32,
+    layer: i64,
+    fmt: i32,
+    data: *const u8,
+    len: usize,
+    rows: i64,
+    cols: i64,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        if b.is_null() {
+            return Err("null builder".into());
+        }
+        // SAFETY: a live builder (caller's contract), used by one thread at a time.
+        let builder = unsafe { &mut *(b as *mut Builder) };
+        let kind = Kind::from_code(kind).ok_or_else(|| format!("unknown tensor kind {kind}"))?;
+        // SAFETY: data holds len bytes (caller's contract); null only when len is 0.
+        let bytes = unsafe { raw_slice(data, len) };
+        let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
+        builder.set_packed(kind, size(layer, "layer")?, fmt, rows, cols, bytes)
     })
 }
 

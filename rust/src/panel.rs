@@ -90,6 +90,48 @@ impl PanelWeight {
         }
     }
 
+    /// Rebuilds a packed matrix from the little-endian bytes of its packed data (a saved decoder),
+    /// checking their length against [n, k].
+    pub fn from_packed(
+        bf16: bool,
+        bytes: &[u8],
+        n: usize,
+        k: usize,
+    ) -> Result<PanelWeight, String> {
+        let elems = n.div_ceil(PANEL) * k * PANEL;
+        let want = elems * if bf16 { 2 } else { 4 };
+        if bytes.len() != want {
+            return Err(format!(
+                "{} bytes of packed data for a [{n}, {k}] matrix, expected {want}",
+                bytes.len()
+            ));
+        }
+        Ok(if bf16 {
+            let data = bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            PanelWeight::Bf16 { data, n, k }
+        } else {
+            let data: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            if data.iter().any(|v| !v.is_finite()) {
+                return Err("the packed data holds non-finite values".into());
+            }
+            PanelWeight::F32 { data, n, k }
+        })
+    }
+
+    /// The packed data as little-endian bytes (what `from_packed` takes back).
+    pub fn packed_bytes(&self) -> Vec<u8> {
+        match self {
+            PanelWeight::Bf16 { data, .. } => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            PanelWeight::F32 { data, .. } => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+
     pub fn n(&self) -> usize {
         match self {
             PanelWeight::Bf16 { n, .. } | PanelWeight::F32 { n, .. } => *n,

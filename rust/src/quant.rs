@@ -240,6 +240,50 @@ impl QuantWeight {
         }
     }
 
+    /// Rebuilds packed weights from their bytes (a saved decoder), checking the length and that every
+    /// scale and min is finite (a corrupted file is refused, not run).
+    pub fn from_packed(
+        format: Format,
+        n: usize,
+        k: usize,
+        data: Vec<u8>,
+    ) -> Result<QuantWeight, String> {
+        if k == 0 || !k.is_multiple_of(format.block()) {
+            return Err(format!(
+                "k = {k} is not a multiple of the {} block",
+                format.name()
+            ));
+        }
+        let want = n.div_ceil(QPANEL) * (k / format.block()) * format.block_bytes();
+        if data.len() != want {
+            return Err(format!(
+                "{} bytes of {} data for a [{n}, {k}] matrix, expected {want}",
+                data.len(),
+                format.name()
+            ));
+        }
+        let w = QuantWeight { format, n, k, data };
+        let nb = k / format.block();
+        for j in 0..n {
+            for b in 0..nb {
+                let min = if format == Format::Q4 {
+                    w.min(j, b)
+                } else {
+                    0.0
+                };
+                if !w.scale(j, b).is_finite() || !min.is_finite() {
+                    return Err(format!("row {j} block {b} has a non-finite scale"));
+                }
+            }
+        }
+        Ok(w)
+    }
+
+    /// The packed bytes (what `from_packed` takes back).
+    pub fn packed_bytes(&self) -> &[u8] {
+        &self.data
+    }
+
     pub fn n(&self) -> usize {
         self.n
     }

@@ -292,3 +292,28 @@ fn bad_matrices_are_refused_with_a_reason() {
     let q = quantize(&[0.25; 64], 2, 32, &opts(Format::Q4)).unwrap();
     assert!(q.dequantize().iter().all(|&v| v == 0.25));
 }
+
+#[test]
+fn packed_bytes_round_trip_and_damage_is_refused() {
+    let mut rng = Rng::new(26);
+    let (n, k) = (20, 128);
+    for format in [Format::Q8, Format::Q4] {
+        let w = QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap());
+        let bytes = w.packed_bytes().to_vec();
+        let back = QuantWeight::from_packed(format, n, k, bytes.clone()).unwrap();
+        assert_eq!(back.unpack(), w.unpack(), "{format:?}");
+        let short = QuantWeight::from_packed(format, n, k, bytes[..bytes.len() - 1].to_vec());
+        assert!(short.unwrap_err().contains("bytes of"), "{format:?}");
+        let mut nan = bytes.clone();
+        // The first row's first scale: an f32 NaN (q8) or an f16 NaN (q4).
+        match format {
+            Format::Q8 => nan[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
+            Format::Q4 => nan[..2].copy_from_slice(&0x7e00u16.to_le_bytes()),
+        }
+        let err = QuantWeight::from_packed(format, n, k, nan).unwrap_err();
+        assert!(
+            err.contains("row 0 block 0 has a non-finite scale"),
+            "{err}"
+        );
+    }
+}

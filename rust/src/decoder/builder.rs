@@ -167,14 +167,7 @@ impl Builder {
                     Mat::Quant(QuantWeight::pack(&q))
                 }
             };
-            match kind {
-                Kind::Embed => self.embed = Some(m),
-                Kind::LmHead => self.lm_head = Some(m),
-                Kind::Wqkv => self.layers[layer].wqkv = Some(m),
-                Kind::Wo => self.layers[layer].wo = Some(m),
-                Kind::WGateUp => self.layers[layer].w_gate_up = Some(m),
-                _ => self.layers[layer].w_down = Some(m),
-            }
+            self.store_matrix(kind, layer, m);
             return Ok(());
         }
         let v = match data {
@@ -194,6 +187,44 @@ impl Builder {
             Kind::BGateUp => l.b_gate_up = Some(v),
             _ => l.b_down = Some(v),
         }
+        Ok(())
+    }
+
+    /// `m` as the matrix `kind` (a matrix kind) of `layer` (in range for per-layer kinds).
+    fn store_matrix(&mut self, kind: Kind, layer: usize, m: Mat) {
+        match kind {
+            Kind::Embed => self.embed = Some(m),
+            Kind::LmHead => self.lm_head = Some(m),
+            Kind::Wqkv => self.layers[layer].wqkv = Some(m),
+            Kind::Wo => self.layers[layer].wo = Some(m),
+            Kind::WGateUp => self.layers[layer].w_gate_up = Some(m),
+            _ => self.layers[layer].w_down = Some(m),
+        }
+    }
+
+    /// A matrix in its packed form, as a saved decoder holds it (`Mat::format_code`,
+    /// `Mat::packed_bytes`); lengths and scales are checked, so a damaged file is refused.
+    pub fn set_packed(
+        &mut self,
+        kind: Kind,
+        layer: usize,
+        code: i32,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<(), String> {
+        if !kind.is_matrix() {
+            return Err(format!("{kind:?} is not a matrix"));
+        }
+        if kind.per_layer() && layer >= self.layers.len() {
+            return Err(format!(
+                "layer {layer} does not exist (the model has {})",
+                self.layers.len()
+            ));
+        }
+        let m = Mat::from_packed(code, rows, cols, bytes)
+            .map_err(|e| format!("{kind:?} of layer {layer}: {e}"))?;
+        self.store_matrix(kind, layer, m);
         Ok(())
     }
 

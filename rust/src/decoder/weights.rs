@@ -7,7 +7,7 @@
 //! exactly). Fused projections: q/k/v rows stacked as [q; k; v], gate/up as [gate; up].
 
 use crate::panel::PanelWeight;
-use crate::quant::QuantWeight;
+use crate::quant::{Format, QuantWeight};
 
 /// A [rows, cols] weight matrix, packed once into the layout its kernel reads whatever the batch
 /// size: column panels of bf16/f32 values (`panel.rs`), or 8-/4-bit codes (`quant.rs`).
@@ -46,6 +46,36 @@ impl Mat {
             Mat::Panel(PanelWeight::Bf16 { .. }) => "bf16",
             Mat::Panel(PanelWeight::F32 { .. }) => "f32",
             Mat::Quant(q) => q.format.name(),
+        }
+    }
+
+    /// Format code of a saved matrix: 0 f32, 1 bf16, 2 q8, 3 q4.
+    pub fn format_code(&self) -> i32 {
+        match self {
+            Mat::Panel(PanelWeight::F32 { .. }) => 0,
+            Mat::Panel(PanelWeight::Bf16 { .. }) => 1,
+            Mat::Quant(q) if q.format == Format::Q8 => 2,
+            Mat::Quant(_) => 3,
+        }
+    }
+
+    /// The packed data as bytes, as `from_packed` takes it back.
+    pub fn packed_bytes(&self) -> Vec<u8> {
+        match self {
+            Mat::Panel(p) => p.packed_bytes(),
+            Mat::Quant(q) => q.packed_bytes().to_vec(),
+        }
+    }
+
+    /// A matrix from its saved format code and packed bytes.
+    pub fn from_packed(code: i32, rows: usize, cols: usize, bytes: &[u8]) -> Result<Mat, String> {
+        match code {
+            0 | 1 => PanelWeight::from_packed(code == 1, bytes, rows, cols).map(Mat::Panel),
+            2 | 3 => {
+                let f = if code == 2 { Format::Q8 } else { Format::Q4 };
+                QuantWeight::from_packed(f, rows, cols, bytes.to_vec()).map(Mat::Quant)
+            }
+            _ => Err(format!("unknown matrix format code {code}")),
         }
     }
 
