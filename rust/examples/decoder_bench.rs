@@ -316,7 +316,24 @@ fn main() {
         dec.step(isa, &pool, &one, &mut logits[..vocab]).unwrap();
         ts.push(t.elapsed().as_secs_f64());
     }
-    println!("prompt 512: {:.0} tokens/s", 512.0 / median(ts));
+    let prompt_s = median(ts);
+    println!("prompt 512: {:.0} tokens/s", 512.0 / prompt_s);
+    if format.is_some() {
+        // The activation quantization every quantized linear of a prompt step starts with (one thread).
+        let x = vec![0.37f32; 512 * s.inter];
+        let mut acts = kwker_kernels::quant::QActs::default();
+        let t = Instant::now();
+        for _ in 0..10 {
+            kwker_kernels::quant::quantize_activations(isa, &x, &mut acts);
+        }
+        let per = t.elapsed().as_secs_f64() / 10.0;
+        println!(
+            "activation quantization, 512 x {}: {:.2} ms; all of a prompt step's: ~{:.0}% of it",
+            s.inter,
+            per * 1e3,
+            100.0 * per * (3.0 * s.hidden as f64 / s.inter as f64 + 1.0) * s.layers as f64 / prompt_s
+        );
+    }
     println!("pool stalls: {}", pool.stalls());
     silu_check();
 }
