@@ -243,13 +243,6 @@ class KwkDecoder:
             raise ValueError(f"kwker: unknown precision {precision!r}; expected one of {PRECISIONS}")
         cfg = check_model(model)
         choose = quantize.plan(precision, len(model.model.layers), formats)
-        imp = None
-        if calib is not None:
-            if precision == "preserve" and not formats:
-                raise ValueError(
-                    "kwker: calib= only applies to quantized precisions ('int8', 'int4'); drop it for preserve"
-                )
-            imp = quantize.importance(model, quantize.calib_ids(calib, tokenizer))
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"kwker: max_batch must be a positive int (sequence slots), got {max_batch!r}")
         limit = int(getattr(cfg, "max_position_embeddings", 4096) or 4096)
@@ -257,6 +250,13 @@ class KwkDecoder:
             max_context = min(limit, 4096)
         if not isinstance(max_context, int) or max_context < 1:
             raise ValueError(f"kwker: max_context must be a positive int, got {max_context!r}")
+        imp = None  # calibration last among the checks: it runs the model over the whole text
+        if calib is not None:
+            if precision == "preserve" and not formats:
+                raise ValueError(
+                    "kwker: calib= only applies to quantized precisions ('int8', 'int4'); drop it for preserve"
+                )
+            imp = quantize.importance(model, quantize.calib_ids(calib, tokenizer))
         inner = model.model
         attn0 = inner.layers[0].self_attn
         head_dim = int(getattr(attn0, "head_dim", cfg.hidden_size // cfg.num_attention_heads))

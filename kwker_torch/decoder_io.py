@@ -114,6 +114,8 @@ def load(cls: Any, path: str | os.PathLike[str], max_batch: int | None, max_cont
     if max_context is not None:
         nc["max_context"] = max_context
     inv_freq = torch.tensor(nc.pop("inv_freq"), dtype=torch.float32)
+    if inv_freq.numel() != int(nc["head_dim"]) // 2:
+        raise _bad(path, f"{META} has {inv_freq.numel()} rotary frequencies for head_dim {nc['head_dim']}")
     c = _DecoderConfig(**nc, inv_freq=ctypes.cast(inv_freq.data_ptr(), ctypes.POINTER(ctypes.c_float)))
     lib, err = _native.LIB, ctypes.create_string_buffer(ERR_LEN)
     b = lib.kwker_decoder_builder(ctypes.byref(c), err, ERR_LEN)
@@ -134,7 +136,10 @@ def load(cls: Any, path: str | os.PathLike[str], max_batch: int | None, max_cont
                 if hashlib.sha256(raw).hexdigest() != t["sha256"]:
                     raise _bad(path, f"tensor {t['name']} (kind {t['kind']}, layer {t['layer']}) fails its checksum")
                 if t["fmt"] == VECTOR:
-                    failed = lib.kwker_decoder_set(b, t["kind"], t["layer"], 0, data.data_ptr(), t["rows"],
+                    if len(raw) != 4 * int(t["rows"]) * int(t["cols"]):
+                        raise _bad(path, f"tensor {t['name']} has {len(raw)} bytes for {t['rows']} x {t['cols']} f32s")
+                    vec = torch.frombuffer(bytearray(raw), dtype=torch.float32)  # a fresh, aligned copy
+                    failed = lib.kwker_decoder_set(b, t["kind"], t["layer"], 0, vec.data_ptr(), t["rows"],
                                                    t["cols"], err, ERR_LEN)  # fmt: skip
                 else:
                     failed = lib.kwker_decoder_set_packed(b, t["kind"], t["layer"], t["fmt"], data.data_ptr(),

@@ -620,6 +620,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     precisions = list(args.precision or [DEFAULT_PRECISION])
     calib_ids = None
     if args.calib is not None:
+        if not os.path.isfile(args.calib):
+            raise QualityError(f"--calib file {args.calib!r} not found; pass an existing text file")
         calib_text, _ = read_texts([args.calib])
         calib_ids = tokenize(tok, calib_text)[0][: args.calib_tokens]
     runs = [(p, None) for p in precisions]
@@ -647,6 +649,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             meta = gguf_metadata(path)
             name = f"llama.cpp {meta.get('file_type', os.path.basename(path))}"
+            if name in contenders:  # two GGUFs of one file type: tell them apart by file
+                name = f"{name} ({os.path.basename(path)})"
             contenders[name] = llama_cpp_logits_fn(stack, path, args.ctx, vocab, bos, meta)
             formats[name] = f"gguf {meta.get('file_type', '?')}"
             bits[name] = meta.get("bits_per_weight", float("nan"))

@@ -492,7 +492,8 @@ pub unsafe extern "C" fn kwker_decoder_copy_prefix(
 
 /// One stored tensor of a built decoder, for saving: writes its format (0 f32, 1 bf16, 2 q8, 3 q4
 /// packed matrix; 4 f32 vector; -1 absent, e.g. a bias the model does not have), its shape and the byte
-/// count to `fmt`, `rows`, `cols`, `needed`, and copies the bytes into `buf` when `buf_len` suffices.
+/// count to `fmt`, `rows`, `cols`, `needed`, and copies the bytes into `buf` when `buf` is not null
+/// (an error if `buf_len` is too small).
 ///
 /// # Safety
 /// `h` a live decoder; the out-pointers valid; `buf` null or holding `buf_len` bytes.
@@ -569,7 +570,13 @@ pub unsafe extern "C" fn kwker_decoder_export(
             *rows = r as i64;
             *cols = c as i64;
             *needed = bytes.len();
-            if !buf.is_null() && buf_len >= bytes.len() {
+            if !buf.is_null() {
+                if buf_len < bytes.len() {
+                    return Err(format!(
+                        "the buffer holds {buf_len} bytes, the tensor needs {}",
+                        bytes.len()
+                    ));
+                }
                 // SAFETY: buf holds buf_len >= bytes.len() bytes (caller's contract).
                 std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len());
             }

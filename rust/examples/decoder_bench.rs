@@ -331,7 +331,8 @@ fn main() {
             "activation quantization, 512 x {}: {:.2} ms; all of a prompt step's: ~{:.0}% of it",
             s.inter,
             per * 1e3,
-            100.0 * per * (3.0 * s.hidden as f64 / s.inter as f64 + 1.0) * s.layers as f64 / prompt_s
+            100.0 * per * (3.0 * s.hidden as f64 / s.inter as f64 + 1.0) * s.layers as f64
+                / prompt_s
         );
     }
     println!("pool stalls: {}", pool.stalls());

@@ -98,8 +98,10 @@ impl PanelWeight {
         n: usize,
         k: usize,
     ) -> Result<PanelWeight, String> {
-        let elems = n.div_ceil(PANEL) * k * PANEL;
-        let want = elems * if bf16 { 2 } else { 4 };
+        let want = (n.div_ceil(PANEL) * PANEL)
+            .checked_mul(k)
+            .and_then(|e| e.checked_mul(if bf16 { 2 } else { 4 }))
+            .ok_or_else(|| format!("a [{n}, {k}] matrix is too large"))?;
         if bytes.len() != want {
             return Err(format!(
                 "{} bytes of packed data for a [{n}, {k}] matrix, expected {want}",

@@ -129,7 +129,17 @@ impl QuantWeight {
     /// Rows past n are zero weights (Q8 code 128, scale 0; Q4 code 0, scale 0, min 0).
     pub fn pack(q: &QuantRows) -> QuantWeight {
         let (f, n, k) = (q.format, q.n, q.k);
+        assert!(
+            k > 0 && k.is_multiple_of(f.block()),
+            "pack: k = {k} is not a positive multiple of the {} block",
+            f.name()
+        );
         let nb = k / f.block();
+        let mins = if f == Format::Q4 { n * nb } else { 0 };
+        assert!(
+            q.codes.len() == n * k && q.scales.len() == n * nb && q.mins.len() == mins,
+            "pack: codes/scales/mins lengths do not match [{n}, {k}]"
+        );
         let panels = n.div_ceil(QPANEL);
         let bb = f.block_bytes();
         let mut data = vec![0u8; panels * nb * bb];
@@ -254,7 +264,11 @@ impl QuantWeight {
                 format.name()
             ));
         }
-        let want = n.div_ceil(QPANEL) * (k / format.block()) * format.block_bytes();
+        let want = n
+            .div_ceil(QPANEL)
+            .checked_mul(k / format.block())
+            .and_then(|e| e.checked_mul(format.block_bytes()))
+            .ok_or_else(|| format!("a [{n}, {k}] matrix is too large"))?;
         if data.len() != want {
             return Err(format!(
                 "{} bytes of {} data for a [{n}, {k}] matrix, expected {want}",
@@ -272,7 +286,7 @@ impl QuantWeight {
                     0.0
                 };
                 if !w.scale(j, b).is_finite() || !min.is_finite() {
-                    return Err(format!("row {j} block {b} has a non-finite scale"));
+                    return Err(format!("row {j} block {b} has a non-finite scale or min"));
                 }
             }
         }
@@ -342,10 +356,12 @@ pub const LO: i32 = 254;
 
 /// One 32-block of activations: the reference every tier matches bit for bit. q = round_ties_even(x *
 /// (127 / max|x|)); the residual r = x - q * d (a plain multiply and subtract) gives q2 =
-/// round_ties_even(r * (254 * 127 / max|x|)), both clamped to [-127, 127].
+/// round_ties_even(r * (254 * 127 / max|x|)), both clamped to [-127, 127]. A block so small that
+/// 127 / max|x| overflows (below ~3.7e-37) is coded as zeros. Non-finite activations (only from
+/// non-finite inputs: weights are checked finite) have no defined codes and may differ between tiers.
 pub fn quantize_block(x: &[f32], q: &mut [i8], q2: &mut [i8]) -> BlockCodes {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-    let (d, id) = if amax > 0.0 {
+    let (d, id) = if amax > 0.0 && (127.0 / amax).is_finite() {
         (amax / 127.0, 127.0 / amax)
     } else {
         (0.0, 0.0)

@@ -140,6 +140,7 @@ fn activation_codes_are_bit_identical_in_every_tier() {
         x[QSUB + t] = if t == 0 { 127.0 } else { t as f32 - 15.5 };
         x[2 * QSUB + t] = 0.0;
         x[3 * QSUB + t] = if t == 5 { 1e30 } else { 1e-3 * t as f32 };
+        x[5 * QSUB + t] = 1e-38 * (t as f32 - 16.0); // 127 / max|x| overflows: coded as zeros
     }
     let mut want = QActs {
         q: vec![0; x.len()],
@@ -174,6 +175,7 @@ fn activation_codes_are_bit_identical_in_every_tier() {
     }
     assert_eq!(&want.q[QSUB..QSUB + 4], &[127, -14, -14, -12]); // -14.5 -> -14, -13.5 -> -14 (even)
     assert_eq!((want.d[2], want.s[2]), (0.0, 0));
+    assert!(want.q[5 * QSUB..6 * QSUB].iter().all(|&c| c == 0) && want.d[5] == 0.0);
     for tier in isa::supported() {
         let mut got = QActs::default();
         quantize_activations(tier, &x, &mut got);
@@ -284,6 +286,10 @@ fn bad_matrices_are_refused_with_a_reason() {
     assert!(quantize(&[0.0; 64], 2, 32, &bad_imp)
         .unwrap_err()
         .contains("expected k = 32"));
+    let huge: Vec<f32> = (0..64).map(|i| i as f32 * 1e5).collect();
+    let err = quantize(&huge, 2, 32, &opts(Format::Q4)).unwrap_err();
+    assert!(err.contains("too large for q4's f16 scales"), "{err}");
+    assert!(quantize(&huge, 1, 64, &o8).is_ok());
     // Constant and all-zero blocks are exact.
     for format in [Format::Q8, Format::Q4] {
         let q = quantize(&[0.0; 128], 2, 64, &opts(format)).unwrap();

@@ -75,7 +75,7 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
             _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
         );
         let amax = hmax(a);
-        let (dd, id) = if amax > 0.0 {
+        let (dd, id) = if amax > 0.0 && (127.0 / amax).is_finite() {
             (amax / 127.0, 127.0 / amax)
         } else {
             (0.0, 0.0)

@@ -35,7 +35,7 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
         let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
         let a = _mm512_max_ps(_mm512_andnot_ps(sign, v[0]), _mm512_andnot_ps(sign, v[1]));
         let amax = _mm512_reduce_max_ps(a);
-        let (dd, id) = if amax > 0.0 {
+        let (dd, id) = if amax > 0.0 && (127.0 / amax).is_finite() {
             (amax / 127.0, 127.0 / amax)
         } else {
             (0.0, 0.0)

@@ -116,6 +116,14 @@ pub fn quantize(
             });
         }
     });
+    // f16 scales and mins overflow past 65504: such a matrix cannot be stored as q4.
+    if q.scales.iter().chain(&q.mins).any(|v| !v.is_finite()) {
+        return Err(
+            "its values are too large for q4's f16 scales (a block spans more than ~1e6, or a \
+                    value exceeds 65504); store it as q8"
+                .into(),
+        );
+    }
     Ok(q)
 }
 
