@@ -172,6 +172,40 @@ pub unsafe extern "C" fn kwker_decoder_builder(
     out
 }
 
+/// The checked arguments of `kwker_decoder_set` / `kwker_decoder_set_quant`, handed to `put`.
+///
+/// # Safety
+/// `b` must be a live builder handle; `data` must hold `rows * cols` elements of `dtype`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn with_tensor(
+    b: *mut c_void,
+    kind: i32,
+    layer: i64,
+    dtype: i32,
+    data: *const c_void,
+    rows: i64,
+    cols: i64,
+    put: impl FnOnce(&mut Builder, Kind, usize, Data<'_>, usize, usize) -> Result<(), String>,
+) -> Result<(), String> {
+    if b.is_null() || data.is_null() {
+        return Err("null builder or tensor data".into());
+    }
+    // SAFETY: a live builder (caller's contract), used by one thread at a time.
+    let builder = unsafe { &mut *(b as *mut Builder) };
+    let kind = Kind::from_code(kind).ok_or_else(|| format!("unknown tensor kind {kind}"))?;
+    let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
+    let n = rows.checked_mul(cols).ok_or("the tensor size overflows")?;
+    // SAFETY: data holds rows * cols elements of dtype (caller's contract).
+    let d = unsafe {
+        match dtype {
+            0 => Data::F32(raw_slice(data as *const f32, n)),
+            1 => Data::Bf16(raw_slice(data as *const u16, n)),
+            _ => return Err(format!("unsupported dtype code {dtype}")),
+        }
+    };
+    put(builder, kind, size(layer, "layer")?, d, rows, cols)
+}
+
 /// Copies one tensor into a builder. dtype 0 = f32, 1 = bf16.
 ///
 /// # Safety
@@ -190,28 +224,25 @@ pub unsafe extern "C" fn kwker_decoder_set(
     err_len: usize,
 ) -> i32 {
     guarded(err, err_len, || {
-        if b.is_null() || data.is_null() {
-            return Err("null builder or tensor data".into());
+        // SAFETY: forwarded caller guarantees.
+        unsafe {
+            with_tensor(
+                b,
+                kind,
+                layer,
+                dtype,
+                data,
+                rows,
+                cols,
+                |bd, k, l, d, r, c| bd.set(k, l, d, r, c, Store::AsGiven),
+            )
         }
-        // SAFETY: a live builder (caller's contract), used by one thread at a time.
-        let builder = unsafe { &mut *(b as *mut Builder) };
-        let kind = Kind::from_code(kind).ok_or_else(|| format!("unknown tensor kind {kind}"))?;
-        let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
-        let n = rows.checked_mul(cols).ok_or("the tensor size overflows")?;
-        // SAFETY: data holds rows * cols elements of dtype (caller's contract).
-        let d = unsafe {
-            match dtype {
-                0 => Data::F32(raw_slice(data as *const f32, n)),
-                1 => Data::Bf16(raw_slice(data as *const u16, n)),
-                _ => return Err(format!("unsupported dtype code {dtype}")),
-            }
-        };
-        builder.set(kind, size(layer, "layer")?, d, rows, cols, Store::AsGiven)
     })
 }
 
 /// Copies one matrix into a builder, quantized: format 1 = q8, 2 = q4; `importance` is null or holds
-/// `cols` f32 values (the mean square of each input column over a calibration text).
+/// `cols` f32 values (the mean square of each input column over a calibration text). Quantizing runs
+/// on as many threads as the decoder pool has (`KWKER_NUM_THREADS`, or torch's count).
 ///
 /// # Safety
 /// As `kwker_decoder_set`; `importance`, when not null, holds `cols` f32s.
@@ -231,37 +262,31 @@ pub unsafe extern "C" fn kwker_decoder_set_quant(
     err_len: usize,
 ) -> i32 {
     guarded(err, err_len, || {
-        if b.is_null() || data.is_null() {
-            return Err("null builder or tensor data".into());
-        }
-        // SAFETY: a live builder (caller's contract), used by one thread at a time.
-        let builder = unsafe { &mut *(b as *mut Builder) };
-        let kind = Kind::from_code(kind).ok_or_else(|| format!("unknown tensor kind {kind}"))?;
-        let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
-        let n = rows.checked_mul(cols).ok_or("the tensor size overflows")?;
         let format = match format {
             1 => Format::Q8,
             2 => Format::Q4,
             _ => return Err(format!("unknown weight format code {format}")),
         };
-        // SAFETY: data holds rows * cols elements of dtype, importance (if given) cols f32s.
-        let (d, imp) = unsafe {
-            let d = match dtype {
-                0 => Data::F32(raw_slice(data as *const f32, n)),
-                1 => Data::Bf16(raw_slice(data as *const u16, n)),
-                _ => return Err(format!("unsupported dtype code {dtype}")),
-            };
-            let imp = (!importance.is_null()).then(|| raw_slice(importance, cols));
-            (d, imp)
-        };
-        builder.set(
-            kind,
-            size(layer, "layer")?,
-            d,
-            rows,
-            cols,
-            Store::Quant(format, imp),
-        )
+        let k = size(cols, "cols")?;
+        // SAFETY: importance, when not null, holds cols f32s (caller's contract).
+        let imp = (!importance.is_null()).then(|| unsafe { raw_slice(importance, k) });
+        let threads = pool().threads();
+        // SAFETY: forwarded caller guarantees.
+        unsafe {
+            with_tensor(
+                b,
+                kind,
+                layer,
+                dtype,
+                data,
+                rows,
+                cols,
+                |bd, k, l, d, r, c| {
+                    bd.set_threads(threads);
+                    bd.set(k, l, d, r, c, Store::Quant(format, imp))
+                },
+            )
+        }
     })
 }
 

@@ -101,6 +101,7 @@ fn build(s: &Shape, format: Option<Format>) -> Decoder {
         chunk_rows: 512,
     };
     let mut b = Builder::new(cfg).unwrap();
+    b.set_threads(std::thread::available_parallelism().map_or(1, |n| n.get()));
     let h = s.hidden;
     let qkv = (s.heads + 2 * s.kv) * d;
     let ones = vec![1.0f32; h.max(2 * s.inter)];

@@ -79,6 +79,8 @@ pub struct Builder {
     lm_head: Option<Mat>,
     final_norm: Option<Vec<f32>>,
     layers: Vec<PartialLayer>,
+    /// Threads that quantize a matrix's rows (`set_threads`).
+    quant_threads: usize,
 }
 
 fn need<T>(v: Option<T>, what: &str) -> Result<T, String> {
@@ -95,7 +97,13 @@ impl Builder {
             lm_head: None,
             final_norm: None,
             layers,
+            quant_threads: 1,
         })
+    }
+
+    /// Threads that quantize matrices (1 until set; the C entry points pass the decoder pool's size).
+    pub fn set_threads(&mut self, n: usize) {
+        self.quant_threads = n.max(1);
     }
 
     /// Copies one tensor in. `layer` is ignored for model-level tensors; `store` only applies to
@@ -136,6 +144,11 @@ impl Builder {
             return Err(format!(
                 "layer {layer} does not exist (the model has {})",
                 self.layers.len()
+            ));
+        }
+        if !kind.is_matrix() && matches!(store, Store::Quant(..)) {
+            return Err(format!(
+                "{kind:?} is a vector; only matrices can be quantized"
             ));
         }
         if kind.is_matrix() {
