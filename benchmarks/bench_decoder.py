@@ -273,6 +273,19 @@ def _torch_gen(model: torch.nn.Module, ids: torch.Tensor) -> float:
     return (time.perf_counter() - t0) / 32
 
 
+def start(isa: str) -> float:
+    """Sets kwker's tier ("avx2" forces it) and 2 threads, prints the machine, its ISA flags and the
+    STREAM triad, and returns the triad (GB/s)."""
+    if isa == "avx2":
+        kwker_torch.set_isa("avx2")
+    torch.set_num_threads(2)
+    say(f"{machine()}; kwker tier {kwker_torch.isa()}, {kwker_torch.num_threads()} threads")
+    say(f"CPU flags: {cpu_flags()}")
+    triad = stream_triad_gbs()
+    say(f"STREAM triad {triad:.1f} GB/s")
+    return triad
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -283,13 +296,7 @@ def main() -> None:
     a = p.parse_args()
     global PEER_KIND
     PEER_KIND = a.isa
-    if a.isa == "avx2":
-        kwker_torch.set_isa("avx2")
-    torch.set_num_threads(2)
-    say(f"{machine()}; kwker tier {kwker_torch.isa()}, {kwker_torch.num_threads()} threads")
-    say(f"CPU flags: {cpu_flags()}")
-    triad = stream_triad_gbs()
-    say(f"STREAM triad {triad:.1f} GB/s")
+    triad = start(a.isa)
     results: dict[str, Any] = {"triad_gbs": triad, "rounds": a.rounds, "cpu_flags": cpu_flags()}
     pptg: list = []
     batch: list = []

@@ -21,15 +21,14 @@ import time
 from typing import Any
 
 import torch
-from bench_decoder import MODELS, cpu_flags, ggufs, kwk_pp, kwk_tg, load, say
-from common import machine, save, stream_triad_gbs, table
+from bench_decoder import MODELS, cpu_flags, ggufs, kwk_pp, kwk_tg, load, say, start
+from common import save, stream_triad_gbs, table
 
-import kwker_torch
 from kwker_torch import KwkDecoder
 from kwker_torch.peer.gguf_export import quantize
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
 
-OURS = {"int8": "Q8_0", "int4": "Q4_0"}  # each of ours, and the llama.cpp format its bars compare with first
+OURS = ("int8", "int4")  # our precisions, each timed beside every llama.cpp format in PEERS
 PEERS = ["Q8_0", "Q4_0", "Q4_K_M"]
 HEADERS = ["model", "contender", "bits/weight", "MB/token", "pp512 tok/s", "tg128 tok/s", "pp vs Q8_0",
            "tg vs Q8_0", "pp vs Q4_0", "tg vs Q4_0", "pp vs Q4_K_M", "tg vs Q4_K_M", "floor / step"]  # fmt: skip
@@ -116,13 +115,7 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     p.add_argument("--isa", choices=["native", "avx2"], default="native")
     a = p.parse_args()
-    if a.isa == "avx2":
-        kwker_torch.set_isa("avx2")
-    torch.set_num_threads(2)
-    say(f"{machine()}; kwker tier {kwker_torch.isa()}, {kwker_torch.num_threads()} threads")
-    say(f"CPU flags: {cpu_flags()}")
-    triad = stream_triad_gbs()
-    say(f"STREAM triad {triad:.1f} GB/s")
+    triad = start(a.isa)
     rows: list = []
     for name in a.models:
         bench(name, a.rounds, a.isa, rows)

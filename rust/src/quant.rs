@@ -93,6 +93,23 @@ pub struct QuantRows {
 }
 
 impl QuantRows {
+    /// All-zero codes, scales and (Q4) mins for an [n, k] matrix (k a multiple of the block).
+    pub fn zeros(format: Format, n: usize, k: usize) -> QuantRows {
+        let nb = k / format.block();
+        QuantRows {
+            format,
+            n,
+            k,
+            codes: vec![0; n * k],
+            scales: vec![0.0; n * nb],
+            mins: if format == Format::Q4 {
+                vec![0.0; n * nb]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
     /// Row-major [n, k] f32 values the codes stand for.
     pub fn dequantize(&self) -> Vec<f32> {
         let nb = self.k / self.format.block();
@@ -192,18 +209,7 @@ impl QuantWeight {
     pub fn unpack(&self) -> QuantRows {
         let (f, n, k) = (self.format, self.n, self.k);
         let nb = k / f.block();
-        let mut q = QuantRows {
-            format: f,
-            n,
-            k,
-            codes: vec![0; n * k],
-            scales: vec![0.0; n * nb],
-            mins: if f == Format::Q4 {
-                vec![0.0; n * nb]
-            } else {
-                Vec::new()
-            },
-        };
+        let mut q = QuantRows::zeros(f, n, k);
         for j in 0..n {
             for b in 0..nb {
                 q.scales[j * nb + b] = self.scale(j, b);
@@ -361,11 +367,7 @@ pub const LO: i32 = 254;
 /// non-finite inputs: weights are checked finite) have no defined codes and may differ between tiers.
 pub fn quantize_block(x: &[f32], q: &mut [i8], q2: &mut [i8]) -> BlockCodes {
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-    let (d, id) = if amax > 0.0 && (127.0 / amax).is_finite() {
-        (amax / 127.0, 127.0 / amax)
-    } else {
-        (0.0, 0.0)
-    };
+    let (d, id) = block_scale(amax);
     let id2 = id * LO as f32;
     let (mut s, mut s2) = (0, 0);
     for ((o, o2), &v) in q.iter_mut().zip(q2.iter_mut()).zip(x) {
@@ -376,11 +378,38 @@ pub fn quantize_block(x: &[f32], q: &mut [i8], q2: &mut [i8]) -> BlockCodes {
         s += c as i32;
         s2 += c2 as i32;
     }
-    BlockCodes {
-        d,
-        s,
-        d_fine: d / LO as f32,
-        s_fine: LO * s + s2,
+    BlockCodes::new(d, s, s2)
+}
+
+/// A block's scale and inverse scale from its max |x|: the rule every tier shares (zeros when
+/// 127 / max|x| is not finite).
+#[inline]
+pub(crate) fn block_scale(amax: f32) -> (f32, f32) {
+    if amax > 0.0 && (127.0 / amax).is_finite() {
+        (amax / 127.0, 127.0 / amax)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+impl BlockCodes {
+    /// From the coarse scale and the sums of the coarse and residual codes.
+    #[inline]
+    pub(crate) fn new(d: f32, s: i32, s2: i32) -> BlockCodes {
+        BlockCodes {
+            d,
+            s,
+            d_fine: d / LO as f32,
+            s_fine: LO * s + s2,
+        }
+    }
+}
+
+impl QActs {
+    /// Stores block `b`'s scales and sums.
+    #[inline]
+    pub(crate) fn put(&mut self, b: usize, c: BlockCodes) {
+        (self.d[b], self.s[b], self.d_fine[b], self.s_fine[b]) = (c.d, c.s, c.d_fine, c.s_fine);
     }
 }
 

@@ -14,7 +14,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{store, Format, Job, QActs, LO, QPANEL, QSUB};
+use super::{block_scale, store, BlockCodes, Format, Job, QActs, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
 /// x rows per register tile: 2 rows x 2 halves of i32 sums and of f32 outputs.
@@ -75,11 +75,7 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
             _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
         );
         let amax = hmax(a);
-        let (dd, id) = if amax > 0.0 && (127.0 / amax).is_finite() {
-            (amax / 127.0, 127.0 / amax)
-        } else {
-            (0.0, 0.0)
-        };
+        let (dd, id) = block_scale(amax);
         let (idv, ddv, id2v) = (
             _mm256_set1_ps(id),
             _mm256_set1_ps(dd),
@@ -108,10 +104,7 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
         store_codes(c, acts.q.as_mut_ptr().add(b * QSUB));
         store_codes(c2, acts.q2.as_mut_ptr().add(b * QSUB));
         let (s1, s2) = (sum(c), sum(c2));
-        acts.d[b] = dd;
-        acts.s[b] = s1;
-        acts.d_fine[b] = dd / LO as f32;
-        acts.s_fine[b] = LO * s1 + s2;
+        acts.put(b, BlockCodes::new(dd, s1, s2));
     }
 }
 

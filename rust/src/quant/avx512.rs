@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{store, Format, Job, QActs, LO, QPANEL, QSUB};
+use super::{block_scale, store, BlockCodes, Format, Job, QActs, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
 /// x rows per register tile: 8 (Q8: 16) i32 sums and 8 f32 outputs, plus the weight vectors.
@@ -35,11 +35,7 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
         let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
         let a = _mm512_max_ps(_mm512_andnot_ps(sign, v[0]), _mm512_andnot_ps(sign, v[1]));
         let amax = _mm512_reduce_max_ps(a);
-        let (dd, id) = if amax > 0.0 && (127.0 / amax).is_finite() {
-            (amax / 127.0, 127.0 / amax)
-        } else {
-            (0.0, 0.0)
-        };
+        let (dd, id) = block_scale(amax);
         let (idv, ddv, id2v) = (
             _mm512_set1_ps(id),
             _mm512_set1_ps(dd),
@@ -68,10 +64,7 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
             s2 = _mm512_add_epi32(s2, c2);
         }
         let (s1, s2) = (_mm512_reduce_add_epi32(s1), _mm512_reduce_add_epi32(s2));
-        acts.d[b] = dd;
-        acts.s[b] = s1;
-        acts.d_fine[b] = dd / LO as f32;
-        acts.s_fine[b] = LO * s1 + s2;
+        acts.put(b, BlockCodes::new(dd, s1, s2));
     }
 }
 

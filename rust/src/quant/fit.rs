@@ -64,18 +64,7 @@ pub fn quantize(
         }
     }
     let nb = k / bs;
-    let mut q = QuantRows {
-        format: f,
-        n,
-        k,
-        codes: vec![0; n * k],
-        scales: vec![0.0; n * nb],
-        mins: if f == Format::Q4 {
-            vec![0.0; n * nb]
-        } else {
-            Vec::new()
-        },
-    };
+    let mut q = QuantRows::zeros(f, n, k);
     let threads = opt.threads.clamp(1, n.max(1));
     let rows_per = n.div_ceil(threads).max(1);
     let mut min_chunks: Vec<&mut [f32]> = if f == Format::Q4 {

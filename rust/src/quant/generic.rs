@@ -12,21 +12,10 @@ use super::{f16_to_f32, quantize_block, store, Format, Job, QActs, LO, QPANEL, Q
 /// # Safety
 /// `acts` sized for x (`quantize_activations`).
 pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
-    let QActs {
-        q,
-        q2,
-        d,
-        s,
-        d_fine,
-        s_fine,
-    } = acts;
-    let blocks = x
-        .chunks_exact(QSUB)
-        .zip(q.chunks_exact_mut(QSUB))
-        .zip(q2.chunks_exact_mut(QSUB));
-    for (b, ((xb, qb), q2b)) in blocks.enumerate() {
-        let c = quantize_block(xb, qb, q2b);
-        (d[b], s[b], d_fine[b], s_fine[b]) = (c.d, c.s, c.d_fine, c.s_fine);
+    for (b, xb) in x.chunks_exact(QSUB).enumerate() {
+        let at = b * QSUB..(b + 1) * QSUB;
+        let c = quantize_block(xb, &mut acts.q[at.clone()], &mut acts.q2[at]);
+        acts.put(b, c);
     }
 }
 
