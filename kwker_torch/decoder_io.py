@@ -132,13 +132,17 @@ def load(cls: Any, path: str | os.PathLike[str], max_batch: int | None, max_cont
                     data = st.get_tensor(t["name"]).contiguous()
                 except Exception as exc:
                     raise _bad(path, f"{WEIGHTS} lacks or cannot read tensor {t['name']} ({exc})") from exc
-                raw = data.numpy().tobytes()
-                if hashlib.sha256(raw).hexdigest() != t["sha256"]:
+                # Hashed and handed over in place (no bytes copy per tensor), checked to be the flat bytes
+                # that save wrote.
+                if data.dtype != torch.uint8 or data.dim() != 1:
+                    raise _bad(path, f"tensor {t['name']} is {data.dtype} {list(data.shape)}, not flat uint8 bytes")
+                if hashlib.sha256(data.numpy()).hexdigest() != t["sha256"]:
                     raise _bad(path, f"tensor {t['name']} (kind {t['kind']}, layer {t['layer']}) fails its checksum")
                 if t["fmt"] == VECTOR:
-                    if len(raw) != 4 * int(t["rows"]) * int(t["cols"]):
-                        raise _bad(path, f"tensor {t['name']} has {len(raw)} bytes for {t['rows']} x {t['cols']} f32s")
-                    vec = torch.frombuffer(bytearray(raw), dtype=torch.float32)  # a fresh, aligned copy
+                    if data.numel() != 4 * int(t["rows"]) * int(t["cols"]):
+                        n, r, c = data.numel(), t["rows"], t["cols"]
+                        raise _bad(path, f"tensor {t['name']} has {n} bytes for {r} x {c} f32s")
+                    vec = data.clone().view(torch.float32)  # a fresh copy: torch aligns it for f32 reads
                     failed = lib.kwker_decoder_set(b, t["kind"], t["layer"], 0, vec.data_ptr(), t["rows"],
                                                    t["cols"], err, ERR_LEN)  # fmt: skip
                 else:
