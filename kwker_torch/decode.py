@@ -9,6 +9,13 @@ onto decoder steps. The first forward of a sequence batch leases one decoder slo
 then feeds each row's new tokens to its slot. Rows keep Hugging Face's positions (a left-padded row's
 first real token sits at its column), padding tokens are skipped, and their logits are 0.
 
+Speculative decoding: the cache can be cropped (``KwkCache.crop``), so Hugging Face's own
+``prompt_lookup_num_tokens=`` and ``assistant_model=`` (an installed draft model runs on its own decoder)
+verify their drafts in one native step and drop the rejected ones from the slot. Prompt cache: slots keep
+their text when a sequence ends; a new single-row, unpadded ``generate()`` whose prompt starts with what an
+idle slot holds (the previous chat turn) takes that slot and reads only the rest (``install(...,
+prompt_cache=False)`` turns it off; ``stats(model)`` counts it).
+
 Numerics: logits are float32 (the decoder computes in float32; a bf16 model's logits are not rounded to
 bf16), equal to the model's float32 forward up to summation order, so greedy tokens are HF float32's.
 
@@ -65,10 +72,14 @@ class _Installed:
     """What install() keeps on a model: its decoder, the original forward and the slot leases."""
 
     def __init__(
-        self, model: torch.nn.Module, precision: str, max_batch: int, max_context: int | None, build_kw: dict
+        self, model: torch.nn.Module, precision: str, max_batch: int, max_context: int | None, build_kw: dict,
+        prompt_cache: bool = True,
     ) -> None:
         self.precision, self.max_batch, self.max_context = precision, max_batch, max_context
         self.build_kw = build_kw
+        self.prompt_cache = prompt_cache
+        self.sequences = 0  # sequence batches started, and prompt tokens the prompt cache spared reading
+        self.cached_tokens = 0
         self.original = model.forward
         self.lock = threading.RLock()
         self.build(model)
@@ -90,9 +101,11 @@ class _Installed:
                     c._evicted = "the model's weights changed, so its decoder was rebuilt"
             self.build(model)
 
-    def lease(self, cache: KwkCache, n: int) -> list[int]:
+    def lease(self, cache: KwkCache, n: int, prefix: torch.Tensor | None = None) -> tuple[list[int], int]:
         """``n`` free slots for ``cache``; the least recently used live caches are evicted if needed (their
-        later use raises a clear error): e.g. outputs of plain forwards that a caller keeps alive."""
+        later use raises a clear error): e.g. outputs of plain forwards that a caller keeps alive. The slots
+        come back empty, or with ``prefix`` (one row's tokens) holding the longest start of it the prompt
+        cache has (returned with the slots)."""
         with self.lock:
             if n > self.max_batch:
                 raise ValueError(
@@ -112,9 +125,19 @@ class _Installed:
                     continue
                 old._evicted = "its slots were given to a newer sequence (more live caches than max_batch)"
                 old._finalizer()  # -> give_back
-            slots, self.free = self.free[:n], self.free[n:]
+            cached = 0
+            if prefix is not None and n == 1:  # the prompt cache: see prompt_cache.py
+                from .prompt_cache import seat
+
+                slot, cached = seat(self.decoder, prefix, list(self.free), range(self.max_batch))
+                self.free.remove(slot)
+                slots = [slot]
+            else:
+                slots, self.free = self.free[:n], self.free[n:]
+                for s in slots:
+                    self.decoder.truncate(s, 0)
             self.leases[id(cache)] = weakref.ref(cache)
-            return slots
+            return slots, cached
 
     def touch(self, cache: KwkCache) -> None:
         with self.lock:
@@ -133,13 +156,15 @@ class KwkCache:
     """Hugging Face's view of the decoder slots one batch of sequences holds (built by the first forward).
     ``get_seq_length()`` counts columns seen, padding included, as Hugging Face's own caches do."""
 
-    def __init__(self, inst: _Installed, batch: int) -> None:
+    def __init__(self, inst: _Installed, batch: int, prefix: torch.Tensor | None = None) -> None:
         self._inst = inst
         self._generation = inst.generation
         self._evicted: str | None = None
-        self.slots = inst.lease(self, batch)
+        self.slots, cached = inst.lease(self, batch, prefix)
         self.batch = batch
         self.seen = 0  # columns processed
+        self.mask: torch.Tensor | None = None  # [batch, seen] bool: the columns that are tokens, not padding
+        self.cached = cached  # prompt tokens the slot already held (prompt cache): not fed again
         slots, key, gen = list(self.slots), id(self), inst.generation
         self._finalizer = weakref.finalize(self, inst.give_back, key, slots, gen)
 
@@ -159,7 +184,24 @@ class KwkCache:
 
     @property
     def is_croppable(self) -> bool:
-        return False
+        return True
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drops the last ``-tokens_to_remove`` columns (0 drops nothing), as Hugging Face's caches do;
+        assisted generation and prompt lookup drop rejected draft tokens with it. A positive value is the
+        older API's length to keep."""
+        self.check()
+        n = self.seen + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove
+        if n >= self.seen:
+            return
+        n = max(n, 0)
+        with self._inst.lock:
+            for i, slot in enumerate(self.slots):
+                real = int(self.mask[i, :n].sum()) if self.mask is not None else n
+                self._inst.decoder.truncate(slot, real)
+            self.seen = n
+            if self.mask is not None:
+                self.mask = self.mask[:, :n]
 
     @property
     def is_linear(self) -> list[bool]:
@@ -200,9 +242,9 @@ def _new_cache_type() -> type:
     base = _cache_base()
 
     class _KwkCache(KwkCache, base):  # type: ignore[misc, valid-type]
-        def __init__(self, inst: _Installed, batch: int) -> None:
+        def __init__(self, inst: _Installed, batch: int, prefix: torch.Tensor | None = None) -> None:
             base.__init__(self, layers=[])
-            KwkCache.__init__(self, inst, batch)
+            KwkCache.__init__(self, inst, batch, prefix)
 
     _KwkCache.__name__ = _KwkCache.__qualname__ = "KwkCache"
     return _KwkCache
@@ -211,10 +253,10 @@ def _new_cache_type() -> type:
 _CACHE_TYPE: list[type] = []
 
 
-def _make_cache(inst: _Installed, batch: int) -> KwkCache:
+def _make_cache(inst: _Installed, batch: int, prefix: torch.Tensor | None = None) -> KwkCache:
     if not _CACHE_TYPE:
         _CACHE_TYPE.append(_new_cache_type())
-    return _CACHE_TYPE[0](inst, batch)
+    return _CACHE_TYPE[0](inst, batch, prefix)
 
 
 def _fallback_reason(
@@ -306,10 +348,8 @@ def _forward(model: torch.nn.Module, inst: _Installed, *args: Any, **kwargs: Any
             kc = cache
         else:
             inst.refresh(model)
-            kc = _make_cache(inst, b)
-            for slot in kc.slots:
-                inst.decoder.reset(slot)
-        seen = kc.seen
+            kc = None
+        seen = kc.seen if kc is not None else 0
         if attention_mask is None:
             mask = torch.ones(b, seen + t, dtype=torch.long)
         else:
@@ -317,6 +357,15 @@ def _forward(model: torch.nn.Module, inst: _Installed, *args: Any, **kwargs: Any
             if mask.dim() != 2 or mask.shape[0] != b or mask.shape[1] != seen + t:
                 shape = tuple(mask.shape)
                 return fallback(f"an attention mask of shape {shape} (expected 2-D [batch, past + new])")
+        last = isinstance(logits_to_keep, int) and logits_to_keep == 1  # generate(): only the next-token logits
+        if kc is None:
+            # The prompt cache: one unpadded row whose next-token logits are all that is asked may start
+            # from a slot that holds the start of it (the previous turn of a chat), reading only the rest.
+            plain = position_ids is None or bool((position_ids[0] == torch.arange(t)).all())
+            reuse = inst.prompt_cache and use_cache and b == 1 and last and plain and bool((mask != 0).all())
+            kc = _make_cache(inst, b, input_ids[0] if reuse else None)
+            inst.sequences += 1
+            inst.cached_tokens += kc.cached
         try:
             runs = _row_runs(mask, position_ids, seen, t)
         except _Fallback as e:
@@ -324,7 +373,6 @@ def _forward(model: torch.nn.Module, inst: _Installed, *args: Any, **kwargs: Any
                 kc._finalizer()
             return fallback(str(e))
         dec = kc._inst.decoder
-        last = isinstance(logits_to_keep, int) and logits_to_keep == 1  # generate(): only the next-token logits
         seqs, modes, rows = [], [], []
         for i, (keep, pos) in enumerate(runs):
             if not keep:
@@ -332,12 +380,14 @@ def _forward(model: torch.nn.Module, inst: _Installed, *args: Any, **kwargs: Any
             slot = kc.slots[i]
             if dec.slot_len(slot) == 0:
                 dec.set_position(slot, pos)  # type: ignore[arg-type]
-            seqs.append((slot, input_ids[i, -t:][keep]))
+            skip = kc.cached if seen == 0 else 0  # prompt tokens the slot already holds
+            seqs.append((slot, input_ids[i, -t:][keep][skip:]))
             # A row whose last column is padding has no next-token logits (0, as for every padded position).
             modes.append(("last" if keep[-1] == t - 1 else "none") if last else "all")
             rows.append((i, keep))
         out = dec.step(seqs, logits=modes) if seqs else []
         kc.seen = seen + t
+        kc.mask = mask != 0
         logits = torch.zeros(b, 1 if last else t, dec.vocab_size, dtype=torch.float32)
         for (i, keep), lg, m in zip(rows, out, modes, strict=True):
             if m == "last":
@@ -362,15 +412,18 @@ def install(
     precision: str = "preserve",
     max_batch: int = 8,
     max_context: int | None = None,
+    prompt_cache: bool = True,
     **build_kw: Any,
 ) -> torch.nn.Module:
     """Runs ``model``'s forward and ``generate()`` on a KwkDecoder built from its weights. ``max_batch``
     sequences (batch rows) can be in flight at once, each up to ``max_context`` tokens (default: the model's
     ``max_position_embeddings`` capped at 4096). ``precision`` and the keywords (``calib=``, ``tokenizer=``,
-    ``formats=``) are ``KwkDecoder.from_hf``'s. Installing again rebuilds the decoder. Returns the model."""
+    ``formats=``) are ``KwkDecoder.from_hf``'s. ``prompt_cache``: a generate() whose prompt starts with
+    what an idle slot holds (the previous turn of a chat) reads only the rest; the idle slots are the cache
+    (least recently used reused first). Installing again rebuilds the decoder. Returns the model."""
     if getattr(model, ATTR, None) is not None:
         uninstall(model)
-    inst = _Installed(model, precision, max_batch, max_context, build_kw)
+    inst = _Installed(model, precision, max_batch, max_context, build_kw, prompt_cache)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         return _forward(model, inst, *args, **kwargs)
@@ -405,4 +458,14 @@ def decoder_of(model: torch.nn.Module) -> KwkDecoder:
     return inst.decoder
 
 
-__all__ = ["KwkCache", "decoder_of", "install", "is_installed", "uninstall"]
+def stats(model: torch.nn.Module) -> dict[str, int]:
+    """What an installed model's prompt cache did: sequence batches started, and prompt tokens read from
+    the cache instead of again."""
+    inst = getattr(model, ATTR, None)
+    if inst is None:
+        raise ValueError("kwker: decode.install(model) was not called on this model")
+    with inst.lock:
+        return {"sequences": inst.sequences, "cached_tokens": inst.cached_tokens}
+
+
+__all__ = ["KwkCache", "decoder_of", "install", "is_installed", "stats", "uninstall"]

@@ -61,7 +61,7 @@ class _DecoderConfig(ctypes.Structure):
 class _GenParams(ctypes.Structure):
     _fields_ = [
         ("max_new", ctypes.c_int64), ("temperature", ctypes.c_double), ("top_k", ctypes.c_int64),
-        ("top_p", ctypes.c_double), ("seed", ctypes.c_uint64),
+        ("top_p", ctypes.c_double), ("seed", ctypes.c_uint64), ("max_draft", ctypes.c_int64),
     ]  # fmt: skip
 
 
@@ -92,8 +92,8 @@ def _setup_ctypes() -> None:
         "kwker_decoder_pool_stalls": (I64, []),
         "kwker_decoder_generate": (
             I32,
-            [P, I64, i64p, i64p, i64p, ctypes.POINTER(_GenParams), i64p, I64, i64p, i64p, i32p, _CALLBACK, P, buf,
-             SZ],
+            [P, I64, i64p, i64p, i64p, ctypes.POINTER(_GenParams), i64p, I64, i64p, i64p, i32p, i64p, _CALLBACK, P,
+             buf, SZ],
         ),  # fmt: skip
     }
     for name, (res, args) in sigs.items():
@@ -119,10 +119,20 @@ def _i64(values: Sequence[int] | torch.Tensor) -> torch.Tensor:
 @dataclass
 class Completion:
     """What ``generate`` returns per prompt: the new tokens and why it stopped ("stop": a stop token,
-    the last of ``tokens``; "length": ``max_new_tokens`` or the slot's ``max_context``; "callback")."""
+    the last of ``tokens``; "length": ``max_new_tokens`` or the slot's ``max_context``; "callback"); the
+    slot it ran in, how many prompt tokens that slot already held (``cached``: not read again), and the
+    prompt-lookup drafts proposed and accepted."""
 
     tokens: list[int]
     finish_reason: str
+    slot: int = 0
+    cached: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+# Most draft tokens per speculative step that generate() proposes by default (prompt lookup).
+PROMPT_LOOKUP = 8
 
 
 def bf16_exact(w: torch.Tensor) -> bool:
@@ -219,6 +229,12 @@ class KwkDecoder:
         self._err = threading.local()
         self._callback_thread: int | None = None
         self._eos: list[int] = []
+        # generate(): one call at a time picks slots and runs (so two threads never share a slot), and
+        # when each slot was last used (the prompt cache evicts the least recently used prefix).
+        self._gen_lock = threading.RLock()
+        self._slot_used = [0] * max_batch
+        self._clock = 0
+        self._start_pos: dict[int, int] = {}  # slot -> rotary position of its first token, when not 0
 
     # ---- construction
     @classmethod
@@ -472,6 +488,8 @@ class KwkDecoder:
         if length < 0:
             raise ValueError(f"kwker: cannot truncate slot {slot} to a negative length ({length})")
         self._call(_native.LIB.kwker_decoder_truncate, slot, length)
+        if length == 0:
+            self._start_pos.pop(slot, None)
 
     def reset(self, slot: int | None = None) -> None:
         """Empties one slot, or every slot."""
@@ -482,10 +500,17 @@ class KwkDecoder:
         """Gives the first token of an empty slot rotary position ``position`` (later tokens follow it),
         e.g. the column of the first real token of a left-padded row, as Hugging Face numbers it."""
         self._call(_native.LIB.kwker_decoder_set_position, slot, position)
+        if position:
+            self._start_pos[slot] = position
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Makes slot ``dst`` hold the first ``length`` tokens of slot ``src`` (K/V copied)."""
+        start = self._start_pos.get(src, 0) if length else 0
         self._call(_native.LIB.kwker_decoder_copy_prefix, src, dst, length)
+        if start:
+            self._start_pos[dst] = start
+        else:
+            self._start_pos.pop(dst, None)
 
     # ---- steps
     def step(
@@ -540,68 +565,130 @@ class KwkDecoder:
         callback: Callable[[int, int], bool | None] | None = None,
         slots: Sequence[int] | None = None,
         keep: bool = False,
+        prompt_lookup: int = PROMPT_LOOKUP,
+        prompt_cache: bool = True,
+        draft: KwkDecoder | None = None,
+        draft_tokens: int = 8,
     ) -> Completion | list[Completion]:
         """Generates from one prompt (1-D ids) or several (a list of them, decoded together in one batch),
         natively: temperature 0 is greedy; else temperature, then top-k, then top-p sampling from ``seed``.
         ``stop_tokens`` default to the model's EOS ids. ``callback(i, token)`` sees each token of prompt
-        i as it is chosen (return False to end that sequence). Slots ``0..len(prompts)`` are emptied first
-        unless ``keep=True`` (then each prompt follows what its slot holds)."""
+        i as it is chosen (return False to end that sequence).
+
+        ``prompt_lookup``: most draft tokens per step copied from the earlier text and verified in one
+        pass (0 turns it off); greedy text is the same either way, sampled text keeps the model's
+        distribution. ``prompt_cache``: a slot that already holds the start of a prompt (the previous chat
+        turn) reads only the rest; with ``slots`` not given, each prompt goes to the slot holding its
+        longest cached prefix, else to the least recently used one. ``keep=True`` instead appends each
+        prompt to what its slot holds; ``prompt_cache=False`` empties the slots first."""
         single = isinstance(prompts, torch.Tensor) and prompts.dim() == 1
         single = single or (len(prompts) > 0 and isinstance(prompts[0], int))  # type: ignore[index]
         plist = [prompts] if single else list(prompts)  # type: ignore[list-item]
         if not plist:
             raise ValueError("kwker: generate() needs at least one prompt")
         toks = [self._tokens(p, f"prompt {i}") for i, p in enumerate(plist)]
-        slots = list(range(len(toks))) if slots is None else list(slots)
-        if len(slots) != len(toks):
+        if slots is not None and len(slots) != len(toks):
             raise ValueError(f"kwker: {len(slots)} slots for {len(toks)} prompts")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"kwker: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if not isinstance(top_k, int) or top_k < 0:
             raise ValueError(f"kwker: top_k must be an int >= 0 (0 = off), got {top_k!r}")
-        if not keep:
-            for s in slots:
-                self.reset(s)
+        if isinstance(prompt_lookup, bool) or not isinstance(prompt_lookup, int) or prompt_lookup < 0:
+            raise ValueError(
+                f"kwker: prompt_lookup is the most draft tokens per step, an int >= 0 (0 = off), got {prompt_lookup!r}"
+            )
+        if len(toks) > self.max_batch:
+            raise ValueError(
+                f"kwker: {len(toks)} prompts for a decoder of {self.max_batch} slots; build it with "
+                f"max_batch={len(toks)} or more, or generate in smaller groups"
+            )
+        if draft is not None:
+            return self._generate_with_draft(
+                toks, single, slots, keep, prompt_cache, draft, draft_tokens, max_new_tokens, temperature, top_k,
+                top_p, seed, stop_tokens, callback,
+            )  # fmt: skip
         stop = _i64(list(self._eos) if stop_tokens is None else list(stop_tokens))
         params = _GenParams(max_new=max_new_tokens, temperature=float(temperature), top_k=top_k, top_p=float(top_p),
-                            seed=int(seed) & (2**64 - 1))  # fmt: skip
-        n = len(toks)
-        out = torch.zeros(n, max(max_new_tokens, 1), dtype=torch.int64)
-        lens = torch.zeros(n, dtype=torch.int64)
-        finish = torch.zeros(n, dtype=torch.int32)
-        failure: list[BaseException] = []
-
-        def on_token(i: int, tok: int, _user: Any) -> int:
-            if failure:
-                return 1
-            try:
-                return 1 if callback is not None and callback(i, tok) is False else 0
-            except BaseException as e:  # noqa: BLE001  (re-raised after the native call returns)
-                failure.append(e)
-                return 1
-
-        cb = _CALLBACK(on_token)
+                            seed=int(seed) & (2**64 - 1), max_draft=prompt_lookup)  # fmt: skip
         self._check_reentry()
-        self._callback_thread = threading.get_ident() if callback is not None else None
-        try:
-            self._call_generate(toks, slots, params, stop, out, lens, finish, cb)
-        finally:
-            self._callback_thread = None
+        with self._gen_lock:
+            chosen, cached, feed = self._place(toks, slots, keep, prompt_cache)
+            n = len(toks)
+            out = torch.zeros(n, max(max_new_tokens, 1), dtype=torch.int64)
+            lens = torch.zeros(n, dtype=torch.int64)
+            finish = torch.zeros(n, dtype=torch.int32)
+            drafts = torch.zeros(n, 2, dtype=torch.int64)
+            failure: list[BaseException] = []
+
+            def on_token(i: int, tok: int, _user: Any) -> int:
+                if failure:
+                    return 1
+                try:
+                    return 1 if callback is not None and callback(i, tok) is False else 0
+                except BaseException as e:  # noqa: BLE001  (re-raised after the native call returns)
+                    failure.append(e)
+                    return 1
+
+            cb = _CALLBACK(on_token)
+            self._callback_thread = threading.get_ident() if callback is not None else None
+            try:
+                self._call_generate(feed, chosen, params, stop, out, lens, finish, drafts, cb)
+            finally:
+                self._callback_thread = None
         if failure:
             raise failure[0]
         results = [
-            Completion(out[i, : int(lens[i])].tolist(), FINISH[int(finish[i])]) for i in range(n)
+            Completion(out[i, : int(lens[i])].tolist(), FINISH[int(finish[i])], chosen[i], cached[i],
+                       int(drafts[i, 0]), int(drafts[i, 1]))  # fmt: skip
+            for i in range(n)
         ]
         return results[0] if single else results
 
+    def _generate_with_draft(self, toks: list[torch.Tensor], single: bool, slots: Sequence[int] | None, keep: bool,
+                             reuse: bool, draft: KwkDecoder, draft_tokens: int, max_new: int, temperature: float,
+                             top_k: int, top_p: float, seed: int, stop_tokens: Sequence[int] | None,
+                             callback: Callable[[int, int], bool | None] | None) -> Completion:  # fmt: skip
+        from . import speculative
+
+        if not isinstance(draft, KwkDecoder):
+            raise TypeError(f"kwker: draft must be a KwkDecoder (KwkDecoder.from_hf(small_model)), got {type(draft)}")
+        speculative.check_pair(self, draft)
+        if not single:
+            raise ValueError("kwker: generate(draft=...) runs one prompt at a time; give one prompt (1-D ids)")
+        if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1:
+            raise ValueError(f"kwker: draft_tokens must be an int >= 1, got {draft_tokens!r}")
+        if not (float(temperature) >= 0.0 and 0.0 < float(top_p) <= 1.0):
+            raise ValueError(f"kwker: temperature must be >= 0 and top_p in (0, 1], got {temperature}, {top_p}")
+        stop = list(self._eos) if stop_tokens is None else [int(t) for t in stop_tokens]
+        self._check_reentry()
+        with self._gen_lock, draft._gen_lock:
+            chosen, cached, feed = self._place(toks, slots, keep, reuse)
+            (dslot,), _, _ = draft._place([toks[0]], None, False, True)
+            if max_new == 0:
+                return Completion([], "length", chosen[0], cached[0])
+            out, why, drafted, kept = speculative.generate(
+                self, draft, chosen[0], dslot, feed[0], max_new, max_draft=draft_tokens, temperature=float(temperature),
+                top_k=top_k, top_p=float(top_p), seed=int(seed), stop=stop, callback=callback,
+            )  # fmt: skip
+        return Completion(out, why, chosen[0], cached[0], drafted, kept)
+
+    def _place(
+        self, toks: list[torch.Tensor], slots: Sequence[int] | None, keep: bool, reuse: bool
+    ) -> tuple[list[int], list[int], list[torch.Tensor]]:
+        from . import prompt_cache
+
+        return prompt_cache.place(self, toks, slots, keep, reuse)
+
     def _call_generate(self, toks: list[torch.Tensor], slots: list[int], params: _GenParams, stop: torch.Tensor,
-                       out: torch.Tensor, lens: torch.Tensor, finish: torch.Tensor, cb: Any) -> None:  # fmt: skip
+                       out: torch.Tensor, lens: torch.Tensor, finish: torch.Tensor, drafts: torch.Tensor,
+                       cb: Any) -> None:  # fmt: skip
         err = self._buf()
         sl, counts, flat = _i64(slots), _i64([len(t) for t in toks]), torch.cat(toks)
         rc = _native.LIB.kwker_decoder_generate(
             self._h, len(toks), _ptr(sl, ctypes.c_int64), _ptr(counts, ctypes.c_int64), _ptr(flat, ctypes.c_int64),
             ctypes.byref(params), _ptr(stop, ctypes.c_int64), stop.numel(), _ptr(out, ctypes.c_int64),
-            _ptr(lens, ctypes.c_int64), _ptr(finish, ctypes.c_int32), cb, None, err, ERR_LEN,
+            _ptr(lens, ctypes.c_int64), _ptr(finish, ctypes.c_int32), _ptr(drafts, ctypes.c_int64), cb, None, err,
+            ERR_LEN,
         )  # fmt: skip
         if rc:
             raise DecoderError(f"kwker: {err.value.decode()}")

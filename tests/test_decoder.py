@@ -246,7 +246,7 @@ def test_bad_steps_raise_clear_errors_and_leave_the_decoder_usable() -> None:
         (lambda: dec.step([(0, [-1])]), "token id -1 is out of range"),
         (lambda: dec.step([(0, [])]), "has no tokens \\(an empty prompt\\)"),
         (lambda: dec.generate([], 4), "needs at least one prompt"),
-        (lambda: dec.generate([[1, 2], [3], [4]], 4), "slot 2 does not exist"),
+        (lambda: dec.generate([[1, 2], [3], [4]], 4), "3 prompts for a decoder of 2 slots; build it with max_batch=3"),
     ]
     for call, msg in cases:
         with pytest.raises((DecoderError, ValueError), match=msg):

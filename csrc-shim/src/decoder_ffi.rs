@@ -53,6 +53,8 @@ pub struct KwkGenParams {
     pub top_k: i64,
     pub top_p: f64,
     pub seed: u64,
+    /// Most drafts per step (prompt lookup); 0 = off.
+    pub max_draft: i64,
 }
 
 type TokenCallback = Option<extern "C" fn(seq: i64, token: i64, user: *mut c_void) -> i32>;
@@ -663,11 +665,13 @@ pub extern "C" fn kwker_decoder_pool_stalls() -> i64 {
 
 /// Generates for `n_seqs` (slot, prompt) pairs; prompt i has `n_prompt[i]` tokens (concatenated in
 /// `prompt`). New tokens go to `out` (row i at `i * max_new`), their counts to `out_len[i]`, finish
-/// reasons to `out_finish[i]` (0 stop token, 1 length, 2 callback). `callback(seq, token, user)` is
-/// called for every token (return non-zero to end that sequence).
+/// reasons to `out_finish[i]` (0 stop token, 1 length, 2 callback), drafts proposed and kept (prompt
+/// lookup) to `out_drafts[2 * i]` and `out_drafts[2 * i + 1]`. `callback(seq, token, user)` is called
+/// for every token (return non-zero to end that sequence).
 ///
 /// # Safety
-/// `h` a live decoder; arrays of the stated lengths; `out` holds `n_seqs * max_new` values.
+/// `h` a live decoder; arrays of the stated lengths; `out` holds `n_seqs * max_new` values,
+/// `out_drafts` `2 * n_seqs`.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kwker_decoder_generate(
@@ -682,6 +686,7 @@ pub unsafe extern "C" fn kwker_decoder_generate(
     out: *mut i64,
     out_len: *mut i64,
     out_finish: *mut i32,
+    out_drafts: *mut i64,
     callback: TokenCallback,
     user: *mut c_void,
     err: *mut c_char,
@@ -734,6 +739,7 @@ pub unsafe extern "C" fn kwker_decoder_generate(
                 seed: p.seed,
             },
             stop,
+            max_draft: size(p.max_draft, "the number of draft tokens")?,
         };
         let mut on_token = |seq: usize, tok: u32| match callback {
             Some(cb) => cb(seq as i64, tok as i64, user) == 0,
@@ -742,7 +748,8 @@ pub unsafe extern "C" fn kwker_decoder_generate(
         let mut dec = lock(h);
         let results =
             with_pool(|par| generate(&mut dec, current_isa(), par, &seqs, &params, &mut on_token))?;
-        for (i, (toks, finish)) in results.iter().enumerate() {
+        for (i, g) in results.iter().enumerate() {
+            let (toks, finish) = (&g.tokens, g.finish);
             for (j, &t) in toks.iter().enumerate() {
                 // SAFETY: j < max_new (generate never returns more) and out holds n * max_new.
                 unsafe { *out.add(i * max_new + j) = t as i64 };
@@ -755,6 +762,8 @@ pub unsafe extern "C" fn kwker_decoder_generate(
                     Finish::Length => 1,
                     Finish::Callback => 2,
                 };
+                *out_drafts.add(2 * i) = g.drafted as i64;
+                *out_drafts.add(2 * i + 1) = g.accepted as i64;
             }
         }
         Ok(())

@@ -15,6 +15,7 @@ pub mod cache;
 pub mod config;
 pub mod forward;
 pub mod generate;
+pub mod lookup;
 pub mod ops;
 pub mod sample;
 pub mod weights;

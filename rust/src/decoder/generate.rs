@@ -1,13 +1,22 @@
 //! The native generation loop: prompts of several slots are read in one ragged step, then every
-//! unfinished sequence advances by one token per step, all sequences in one batch, until each meets a
-//! stop token, its token budget, its slot's context limit, or the caller's callback says stop.
+//! unfinished sequence advances by one or more tokens per step, all sequences in one batch, until each
+//! meets a stop token, its token budget, its slot's context limit, or the caller's callback says stop.
 //!
-//! Contract: with temperature 0 the tokens are the argmax of the decoder's logits at every step, so
-//! they equal a step-by-step greedy loop over `Decoder::step`. A stop token is returned as the last
-//! token of its sequence (its K/V is not written: nothing follows it).
+//! Speculative steps (prompt lookup, `lookup.rs`): a sequence whose recent tokens occurred earlier in
+//! its text feeds its pending token plus up to `max_draft` drafts in one step, with logits for each
+//! ("token t sees keys up to S - T + t", the prompt rule), and keeps the drafts the model agrees with
+//! (`sample::verify`) plus the model's own next token; the slot is truncated to what was kept.
+//!
+//! Contract: with temperature 0 the tokens are the argmax of the decoder's logits at every position,
+//! so they equal a step-by-step greedy loop over `Decoder::step`, drafts or not (a verified row's
+//! logits are those of the same row in a one-token step: every kernel computes each row alone, in the
+//! same order). Sampling with drafts keeps the model's distribution (not the seed's exact text). A
+//! sequence's slot ends holding its prompt and every new token but the last (a stop token's K/V is
+//! not written: nothing follows it), whether or not drafts were tried.
 
 use super::forward::{Logits, SeqStep};
-use super::sample::{sample, Rng, SampleParams};
+use super::lookup::Lookup;
+use super::sample::{sample, verify, Rng, SampleParams};
 use super::Decoder;
 use crate::isa::Isa;
 use crate::par::Parallel;
@@ -18,6 +27,8 @@ pub struct GenParams {
     pub max_new: usize,
     pub sample: SampleParams,
     pub stop: Vec<u32>,
+    /// Most drafts per speculative step (prompt lookup); 0 = off.
+    pub max_draft: usize,
 }
 
 /// Why a sequence ended.
@@ -26,6 +37,24 @@ pub enum Finish {
     Stop,
     Length,
     Callback,
+}
+
+/// What `generate` returns per sequence.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub tokens: Vec<u32>,
+    pub finish: Finish,
+    /// Draft tokens proposed and kept (prompt lookup).
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+/// One unfinished sequence: its index, the token it feeds next (chosen, K/V not yet written; unused
+/// before the first decode step) and the drafts that follow it in this step.
+struct Live {
+    seq: usize,
+    pending: u32,
+    drafts: Vec<u32>,
 }
 
 /// Generates for each (slot, prompt); `on_token(seq, token)` sees every token as it is chosen and
@@ -37,7 +66,7 @@ pub fn generate(
     seqs: &[(usize, &[u32])],
     params: &GenParams,
     on_token: &mut dyn FnMut(usize, u32) -> bool,
-) -> Result<Vec<(Vec<u32>, Finish)>, String> {
+) -> Result<Vec<Generated>, String> {
     params.sample.check()?;
     let vocab = dec.config().vocab;
     let ctx = dec.config().max_context;
@@ -50,63 +79,137 @@ pub fn generate(
         })
         .collect();
     dec.check_batch(&batch)?;
-    let mut out: Vec<(Vec<u32>, Option<Finish>)> = vec![(Vec::new(), None); seqs.len()];
+    let n = seqs.len();
+    let mut out: Vec<(Vec<u32>, Option<Finish>)> = vec![(Vec::new(), None); n];
+    let mut looks: Vec<Lookup> = (0..n).map(|_| Lookup::new(params.max_draft)).collect();
+    let finish_all = |out: Vec<(Vec<u32>, Option<Finish>)>, looks: &[Lookup]| -> Vec<Generated> {
+        out.into_iter()
+            .zip(looks)
+            .map(|((tokens, f), l)| Generated {
+                tokens,
+                finish: f.unwrap_or(Finish::Length),
+                drafted: l.drafted,
+                accepted: l.accepted,
+            })
+            .collect()
+    };
     if params.max_new == 0 {
-        return Ok(out.into_iter().map(|(t, _)| (t, Finish::Length)).collect());
+        return Ok(finish_all(out, &looks));
     }
-    let mut rngs: Vec<Rng> = (0..seqs.len())
+    let mut rngs: Vec<Rng> = (0..n)
         .map(|i| Rng::new(params.sample.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
         .collect();
-    let mut logits = vec![0.0f32; seqs.len() * vocab];
+    let mut logits = vec![0.0f32; n * vocab];
     dec.step(isa, par, &batch, &mut logits)?;
-    let mut active: Vec<usize> = (0..seqs.len()).collect();
+    // The drafts' source: what each slot holds (its prompt, after anything kept) and the new tokens.
+    let mut history: Vec<Vec<u32>> = if params.max_draft > 0 {
+        seqs.iter()
+            .map(|&(slot, _)| dec.slot_tokens(slot).map(|t| t.to_vec()))
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![Vec::new(); n]
+    };
+    // Before the first decode step every sequence has one row of logits and nothing pending.
+    let mut live: Vec<Live> = (0..n)
+        .map(|seq| Live {
+            seq,
+            pending: u32::MAX,
+            drafts: Vec::new(),
+        })
+        .collect();
+    let mut first = true;
     loop {
-        // `logits` holds one row per active sequence, in `active` order.
-        let mut next_active = Vec::with_capacity(active.len());
-        let mut feed = Vec::with_capacity(active.len());
-        for (row, &i) in active.iter().enumerate() {
-            let tok = sample(
-                &logits[row * vocab..(row + 1) * vocab],
-                &params.sample,
-                &mut rngs[i],
-            );
-            out[i].0.push(tok);
-            let slot = seqs[i].0;
-            let finish = if !on_token(i, tok) {
-                Some(Finish::Callback)
-            } else if params.stop.contains(&tok) {
-                Some(Finish::Stop)
-            } else if out[i].0.len() >= params.max_new || dec.slot_len(slot)? >= ctx {
-                Some(Finish::Length)
-            } else {
-                None
-            };
-            match finish {
-                Some(f) => out[i].1 = Some(f),
-                None => {
-                    next_active.push(i);
-                    feed.push(tok);
+        // `logits` holds, per live sequence in order, 1 + drafts.len() rows: row j follows the
+        // pending token and the first j drafts.
+        let mut next: Vec<Live> = Vec::with_capacity(live.len());
+        let mut row = 0usize;
+        for l in &live {
+            let (i, slot) = (l.seq, seqs[l.seq].0);
+            // The slot holds its text up to the pending token, the pending token and the drafts.
+            let fed = dec.slot_len(slot)?;
+            let before = fed - if first { 0 } else { 1 + l.drafts.len() };
+            let mut kept = None;
+            let mut taken = 0usize;
+            for j in 0..=l.drafts.len() {
+                let lg = &logits[row * vocab..(row + 1) * vocab];
+                row += 1;
+                if kept.is_some() {
+                    continue; // rows after the end of this sequence's step: skip
+                }
+                let (tok, agreed) = match l.drafts.get(j) {
+                    Some(&d) => verify(lg, &params.sample, &mut rngs[i], d),
+                    None => (sample(lg, &params.sample, &mut rngs[i]), false),
+                };
+                out[i].0.push(tok);
+                if params.max_draft > 0 {
+                    history[i].push(tok);
+                }
+                // What the slot keeps if the sequence goes on from here: everything before `tok`.
+                let held = before + if first { 0 } else { 1 + j };
+                let finish = if !on_token(i, tok) {
+                    Some(Finish::Callback)
+                } else if params.stop.contains(&tok) {
+                    Some(Finish::Stop)
+                } else if out[i].0.len() >= params.max_new || held >= ctx {
+                    Some(Finish::Length)
+                } else {
+                    None
+                };
+                if let Some(f) = finish {
+                    out[i].1 = Some(f);
+                    kept = Some(held);
+                } else if !agreed {
+                    kept = Some(held);
+                    let limit = (params.max_new - out[i].0.len() - 1).min(ctx - held - 1);
+                    next.push(Live {
+                        seq: i,
+                        pending: tok,
+                        drafts: looks[i].next(&history[i], limit),
+                    });
+                } else {
+                    taken += 1;
+                }
+            }
+            looks[i].update(l.drafts.len(), taken);
+            if let Some(k) = kept {
+                if k < fed {
+                    dec.truncate(slot, k)?;
                 }
             }
         }
-        if next_active.is_empty() {
+        if next.is_empty() {
             break;
         }
-        active = next_active;
-        let steps: Vec<SeqStep<'_>> = active
+        first = false;
+        live = next;
+        let feeds: Vec<Vec<u32>> = live
             .iter()
-            .zip(&feed)
-            .map(|(&i, tok)| SeqStep {
-                slot: seqs[i].0,
-                tokens: std::slice::from_ref(tok),
-                logits: Logits::Last,
+            .map(|l| {
+                std::iter::once(l.pending)
+                    .chain(l.drafts.iter().copied())
+                    .collect()
             })
             .collect();
-        logits.truncate(active.len() * vocab);
+        let steps: Vec<SeqStep<'_>> = live
+            .iter()
+            .zip(&feeds)
+            .map(|(l, f)| SeqStep {
+                slot: seqs[l.seq].0,
+                tokens: f,
+                logits: if l.drafts.is_empty() {
+                    Logits::Last
+                } else {
+                    Logits::All
+                },
+            })
+            .collect();
+        let rows: usize = feeds
+            .iter()
+            .zip(&live)
+            .map(|(f, l)| if l.drafts.is_empty() { 1 } else { f.len() })
+            .sum();
+        logits.resize(rows * vocab, 0.0);
         dec.step(isa, par, &steps, &mut logits)?;
     }
-    Ok(out
-        .into_iter()
-        .map(|(t, f)| (t, f.unwrap_or(Finish::Length)))
-        .collect())
+    Ok(finish_all(out, &looks))
 }

@@ -96,6 +96,35 @@ pub fn sample(logits: &[f32], p: &SampleParams, rng: &mut Rng) -> u32 {
     if p.temperature == 0.0 || p.top_k == 1 {
         return argmax(logits);
     }
+    let (cand, probs) = warped(logits, p);
+    draw(&cand, &probs, rng, None)
+}
+
+/// Verifies one draft token against `logits`: the token to emit, and whether it is the draft.
+/// Greedy: the argmax, so the text is the plain greedy text. Sampling: the draft is kept with its
+/// probability q under `p`'s distribution; else a token is drawn from that distribution without the
+/// draft, renormalised (the residual of a proposal that puts all its mass on the draft). Each token
+/// x then comes out with probability q for the draft and (1 - q) p(x) / (1 - q) = p(x) otherwise:
+/// exactly `sample`'s distribution (the random stream, so the text for a seed, differs).
+pub fn verify(logits: &[f32], p: &SampleParams, rng: &mut Rng, draft: u32) -> (u32, bool) {
+    if p.temperature == 0.0 || p.top_k == 1 {
+        let tok = argmax(logits);
+        return (tok, tok == draft);
+    }
+    let (cand, probs) = warped(logits, p);
+    let total: f64 = probs.iter().sum();
+    let q = cand
+        .iter()
+        .position(|&c| c == draft)
+        .map_or(0.0, |i| probs[i] / total);
+    if rng.uniform() < q {
+        return (draft, true);
+    }
+    (draw(&cand, &probs, rng, Some(draft)), false)
+}
+
+/// Candidate tokens and their unnormalised probabilities after temperature, top-k and top-p.
+fn warped(logits: &[f32], p: &SampleParams) -> (Vec<u32>, Vec<f64>) {
     let t = p.temperature as f64;
     let max = logits[argmax(logits) as usize] as f64;
     // Candidates: every token, or (with a cut) those that can matter, most likely first.
@@ -140,15 +169,23 @@ pub fn sample(logits: &[f32], p: &SampleParams, rng: &mut Rng) -> u32 {
         probs.truncate(keep);
         cand.truncate(keep);
     }
-    let total: f64 = probs.iter().sum();
+    (cand.into_iter().map(|c| c.1).collect(), probs)
+}
+
+/// A draw from `probs` (unnormalised) over `cand`, `skip` excluded.
+fn draw(cand: &[u32], probs: &[f64], rng: &mut Rng, skip: Option<u32>) -> u32 {
+    let live = |&(_, &tok): &(&f64, &u32)| Some(tok) != skip;
+    let total: f64 = probs.iter().zip(cand).filter(live).map(|(p, _)| p).sum();
     let mut u = rng.uniform() * total;
-    for (pr, &(_, tok)) in probs.iter().zip(&cand) {
+    let mut last = None;
+    for (pr, &tok) in probs.iter().zip(cand).filter(|x| live(x)) {
         if u < *pr {
             return tok;
         }
         u -= pr;
+        last = Some(tok);
     }
-    cand.last().map(|c| c.1).unwrap_or(0)
+    last.or(cand.first().copied()).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -225,5 +262,44 @@ mod tests {
     fn same_seed_same_draws() {
         let (mut a, mut b) = (Rng::new(42), Rng::new(42));
         assert!((0..100).all(|_| a.next_u64() == b.next_u64()));
+    }
+
+    #[test]
+    fn verified_drafts_keep_the_distribution() {
+        let logits = [0.0f32, (2.0f32).ln(), (3.0f32).ln(), -50.0];
+        let p = SampleParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        };
+        for draft in [0u32, 2, 3] {
+            let mut rng = Rng::new(11 + draft as u64);
+            let (mut counts, mut kept) = ([0usize; 4], 0usize);
+            let n = 60000;
+            for _ in 0..n {
+                let (tok, ok) = verify(&logits, &p, &mut rng, draft);
+                assert_eq!(ok, tok == draft);
+                counts[tok as usize] += 1;
+                kept += ok as usize;
+            }
+            for (i, want) in [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0, 0.0].iter().enumerate() {
+                let got = counts[i] as f64 / n as f64;
+                assert!(
+                    (got - want).abs() < 0.01,
+                    "draft {draft}, token {i}: {got} vs {want}"
+                );
+            }
+            let q = [1.0 / 6.0, 0.0, 0.5, 0.0][draft as usize];
+            assert!(
+                (kept as f64 / n as f64 - q).abs() < 0.01,
+                "draft {draft} kept {kept}"
+            );
+        }
+        // Greedy: the argmax, accepted only when it is the draft.
+        let g = SampleParams::greedy();
+        let mut rng = Rng::new(0);
+        assert_eq!(verify(&logits, &g, &mut rng, 2), (2, true));
+        assert_eq!(verify(&logits, &g, &mut rng, 1), (2, false));
     }
 }
