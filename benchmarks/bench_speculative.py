@@ -6,7 +6,8 @@
    the text must be identical. Beside them llama.cpp's plain greedy rate on the same prompts (BF16 / Q8_0 /
    Q4_0 GGUFs of the same weights; llama-cpp-python's low-level API has no prompt lookup to drive).
 2. Draft model: SmolLM2-135M preserve with its own int4 conversion drafting (random-initialised larger
-   configs accept nothing, so the acceptance-sensitive speed-up is measured this way), same prompts.
+   configs accept nothing, so the acceptance-sensitive speed-up is measured this way), same prompts; the
+   target as the bf16 checkpoint and as the float32 weights (the draft is 2.2x / 4.4x cheaper per step).
 3. Prompt cache: a chat with a 1,024-token system prompt (Austen text), 64-token user messages and
    32-token answers; time to first token of turns 2-5 with the cache and with ``prompt_cache=False``.
 
@@ -123,14 +124,17 @@ def lookup_section(decs: dict[str, KwkDecoder], tok: Any, rounds: int, rows: lis
 
 LOOKUP_HEADERS = ["precision", "prompt", "kind", "prompt tokens", "plain tok/s", "lookup tok/s", "speed-up",
                   "accepted/drafted", "same text", "llama.cpp plain tok/s"]  # fmt: skip
-DRAFT_HEADERS = ["target", "draft", "prompt", "plain tok/s", "drafted tok/s", "speed-up", "accepted/drafted",
+DRAFT_HEADERS = ["target (preserve)", "draft", "prompt", "plain tok/s", "drafted tok/s", "speed-up", "accepted/drafted",
                  "same text"]  # fmt: skip
 CACHE_HEADERS = ["turn", "prompt tokens", "cached tokens", "TTFT cached ms", "TTFT fresh ms", "speed-up", "same answer"]
 
 
-def draft_section(target: KwkDecoder, draft: KwkDecoder, tok: Any, rounds: int, rows: list) -> None:
-    say("\n== draft model: SmolLM2-135M preserve, drafted by its own int4 conversion")
+def draft_section(label: str, target: KwkDecoder, draft: KwkDecoder, tok: Any, rounds: int, rows: list,
+                  only: tuple[str, ...] = ()) -> None:  # fmt: skip
+    say(f"\n== draft model: {label}, drafted by SmolLM2-135M int4")
     for name, (text, _) in prompts().items():
+        if only and name not in only:
+            continue
         ids = ids_of(tok, text)
         t: dict[str, list[float]] = {"plain": [], "draft": []}
         out: dict[str, Any] = {}
@@ -145,7 +149,7 @@ def draft_section(target: KwkDecoder, draft: KwkDecoder, tok: Any, rounds: int, 
         med = {m: statistics.median(v) for m, v in t.items()}
         c = out["draft"]
         same = out["plain"].tokens == c.tokens
-        rows.append(["preserve", "int4 (same model)", name, 128 / med["plain"], 128 / med["draft"],
+        rows.append([label, "SmolLM2-135M int4", name, 128 / med["plain"], 128 / med["draft"],
                      med["plain"] / med["draft"], f"{c.accepted}/{c.drafted}", same])  # fmt: skip
         say(table(DRAFT_HEADERS, rows[-1:]))
 
@@ -219,17 +223,31 @@ def main() -> None:
                 f = [r[6] for r in rows if r[0] == pr and r[2] == "free"]
                 say(f"  {pr}: geometric mean speed-up, quoting prompts {geomean(q):.2f}x; stories {geomean(f):.2f}x")
             result["lookup"] = {"headers": LOOKUP_HEADERS, "rows": rows}
+            save("speculative", result)  # each section as it ends
     finally:
         for w in peers.values():
             w.close()
     if "draft" in a.sections:
+        # Two targets: the bf16 checkpoint (preserve stores bf16) and the same model as the float32 weights
+        # the GGUF dequantizes to (not bf16-exact, so preserve keeps float32: twice the bytes per step).
         target = decs.get("preserve") or KwkDecoder.from_hf(model, max_batch=2, max_context=2048)
         draft = decs.get("int4") or KwkDecoder.from_hf(model, precision="int4", max_batch=2, max_context=2048)
+        f32 = KwkDecoder.from_hf(load_smollm2(torch.float32)[0], max_batch=2, max_context=2048)
         rows = []
-        draft_section(target, draft, tok, a.rounds, rows)
+        labels = ["SmolLM2-135M bf16", "SmolLM2-135M float32"]
+        for label, tgt in zip(labels, (target, f32), strict=True):
+            draft_section(label, tgt, draft, tok, a.rounds, rows)
+        del f32
+        # A random-initialised 1.7B accepts nothing: what drafting costs when it never pays.
+        big = KwkDecoder.from_hf(load("SmolLM2-1.7B")[0], max_batch=1, max_context=2048)
+        labels.append("SmolLM2-1.7B bf16 (random init)")
+        draft_section(labels[-1], big, draft, tok, 1, rows, only=("summarize", "story 1"))
+        del big
         say("\n" + table(DRAFT_HEADERS, rows))
-        say(f"  geometric mean speed-up {geomean([r[5] for r in rows]):.2f}x")
+        for label in labels:
+            say(f"  {label}: geometric mean speed-up {geomean([r[5] for r in rows if r[0] == label]):.2f}x")
         result["draft"] = {"headers": DRAFT_HEADERS, "rows": rows}
+        save("speculative", result)
     if "cache" in a.sections:
         rows = []
         cache_section(decs[a.precisions[0]], tok, a.rounds, rows)

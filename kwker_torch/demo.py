@@ -15,7 +15,12 @@ The ``quant`` section runs ``decode.install(model, precision="int8")`` and ``"in
 against stock torch bf16; their tokens are not the model's own (the weights are rounded), and the row says
 for how many tokens they agree with stock float32.
 
-Run: ``python -m kwker_torch.demo [--prompt TEXT] [--new-tokens N] [--runs R] [--dtype bf16 f32 quant]``.
+The ``spec`` section asks for a passage of Persuasion (``../shared/data/text``) to be repeated: Hugging Face
+``generate()`` on the decoder with and without ``prompt_lookup_num_tokens=8`` (speculative decoding from the
+prompt's own text; the tokens must be stock float32's), then a second chat turn's time to first token with
+the prompt cache and without.
+
+Run: ``python -m kwker_torch.demo [--prompt TEXT] [--new-tokens N] [--runs R] [--dtype bf16 f32 quant spec]``.
 Exit status 1 if exact paths' tokens differ other than at a bf16 tie.
 """
 
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -32,7 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from . import decode, isa, num_threads, torch_ops
+from .decoder import KwkDecoder
 from .models import chat_ids, generate_greedy, load_smollm2
+
+PASSAGE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text", "persuasion.txt")
 
 
 @dataclass
@@ -50,9 +59,46 @@ def say(msg: str, end: str = "\n") -> None:
     print(msg, end=end, flush=True)
 
 
-def _gen(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    out = generate_greedy(model, ids, n, exact=True, output_logits=True, return_dict_in_generate=True)
+def _gen(model: torch.nn.Module, ids: torch.Tensor, n: int, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
+    out = generate_greedy(model, ids, n, exact=True, output_logits=True, return_dict_in_generate=True, **kw)
     return out.sequences[0, ids.shape[1] :], torch.stack(out.logits, 1)[0].float()
+
+
+def quoting_ids(tok: object) -> torch.Tensor | None:
+    """A prompt that quotes its input (a passage to repeat), or None without the shared text folder."""
+    if not os.path.exists(PASSAGE):
+        return None
+    with open(PASSAGE, encoding="utf-8") as f:
+        text = f.read()
+    words = text[text.index("Sir Walter Elliot") :].split()[:120]
+    return chat_ids(tok, "Repeat the following passage exactly, word for word:\n\n" + " ".join(words))
+
+
+def chat_cache_demo(model: torch.nn.Module, tok: object) -> None:
+    """A second chat turn's time to first token, with the prompt cache and without (KwkDecoder.generate)."""
+    dec = KwkDecoder.from_hf(model, max_batch=2, max_context=2048)
+    system = "You are a helpful assistant. " * 60  # a long system prompt, as chat deployments send
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Name three rivers in England."}]
+    first = dec.generate(chat_ids_of(tok, msgs), 32)
+    msgs += [{"role": "assistant", "content": tok.decode(first.tokens, skip_special_tokens=True)},
+             {"role": "user", "content": "Which is the longest?"}]  # fmt: skip
+    ids = chat_ids_of(tok, msgs)
+    times = {}
+    for cache in (True, False):  # cached first: the fresh run's slot would then hold this very prompt
+        seen: list[float] = []
+        t0 = time.perf_counter()
+        c = dec.generate(ids, 8, prompt_cache=cache, slots=None if cache else [1],
+                         callback=lambda i, t, seen=seen: seen.append(time.perf_counter()) and None)  # fmt: skip
+        times[cache] = (seen[0] - t0, c)
+    (fresh, a), (cached, b) = times[False], times[True]
+    same = "same answer" if a.tokens == b.tokens else "ANSWERS DIFFER"
+    say(f"prompt cache: turn 2 ({len(ids)} tokens) starts after {1e3 * cached:.0f} ms reading {len(ids) - b.cached} "
+        f"new tokens, against {1e3 * fresh:.0f} ms reading all: {fresh / cached:.1f}x sooner, {same}\n")  # fmt: skip
+
+
+def chat_ids_of(tok: object, msgs: list[dict[str, str]]) -> torch.Tensor:
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt")  # type: ignore[attr-defined]
+    return (ids if isinstance(ids, torch.Tensor) else ids["input_ids"])[0]
 
 
 def _with_ops(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +167,8 @@ def main() -> None:
     p.add_argument("--prompt", default="Write a short story about a lighthouse keeper who finds a message in a bottle.")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--dtype", nargs="+", choices=["bf16", "f32", "quant"], default=["bf16", "f32", "quant"])
+    p.add_argument("--dtype", nargs="+", choices=["bf16", "f32", "quant", "spec"],
+                   default=["bf16", "f32", "quant", "spec"])  # fmt: skip
     a = p.parse_args()
     n = a.new_tokens
     say(f"kwker demo: real SmolLM2-135M-Instruct, kernels tier {isa()}, {num_threads()} threads")
@@ -142,6 +189,10 @@ def main() -> None:
             quant[p_] = decode.install(copy.deepcopy(f32), precision=p_, max_batch=1, max_context=512)
     say(f"{time.perf_counter() - t0:.1f} s\n")
     f32_ref = _gen(f32, ids, n)  # stock float32 tokens: what every exact path must give
+    qids = quoting_ids(tok) if "spec" in a.dtype else None
+    if "spec" in a.dtype and qids is None:
+        say(f"[spec] skipped: the shared text folder is missing ({PASSAGE})")
+        a.dtype.remove("spec")
     torch_ops.reset_choices()
     sections = {
         "bf16": [
@@ -162,6 +213,11 @@ def main() -> None:
                 for p_, m in quant.items()
             ],
         ],
+        "spec": [
+            Run("stock torch", lambda: _gen(f32, qids, n), ""),
+            Run("decode.install()", lambda: _gen(bf16_dec, qids, n), "stock torch"),
+            Run("+ prompt lookup", lambda: _gen(bf16_dec, qids, n, prompt_lookup_num_tokens=8), "stock torch"),
+        ] if qids is not None else [],
     }  # fmt: skip
     all_rows, ok, text = [], True, ""
     for label in a.dtype:
@@ -169,6 +225,9 @@ def main() -> None:
         rows, good = section(label, sections[label], a.runs, n, {"stock torch float32": f32_ref})
         all_rows += rows
         ok &= good
+        if label == "spec":
+            chat_cache_demo(bf16, tok)
+            continue
         shown = {"f32": f32_dec, "bf16": bf16_dec}.get(label) or quant["int4"]
         text = tok.decode(_gen(shown, ids, n)[0], skip_special_tokens=True)
         say(f"decode.install({'int4' if label == 'quant' else ''}) output ({label}): {text!r}\n")

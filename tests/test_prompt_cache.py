@@ -97,3 +97,25 @@ def test_hf_generate_second_turn_reuses_the_first(smollm2: tuple) -> None:
     # The whole first sequence but its last token (generated, never fed) was in the slot.
     assert after["cached_tokens"] - before["cached_tokens"] == first.shape[1] - 1
     assert after["sequences"] - before["sequences"] == 1
+
+
+@pytest.mark.parametrize(("name", "precision"), [("Qwen2.5-0.5B", "int8"), ("SmolLM2-360M", "int4"),
+                                                 ("Mistral-7B-v0.1", "preserve")])  # fmt: skip
+def test_families_and_precisions_cached_turn_equals_fresh(name: str, precision: str) -> None:
+    from kwker_torch.models import random_model
+
+    over = {"sliding_window": 16} if name.startswith("Mistral") else {}
+    model = random_model(name, torch.bfloat16, num_hidden_layers=2, **over)
+    dec = KwkDecoder.from_hf(model, precision=precision, max_batch=2, max_context=256)
+    first = torch.randint(5, 3000, (40,), generator=torch.Generator().manual_seed(2))
+    a = dec.generate(first, 12, stop_tokens=[])
+    second = torch.cat([first, torch.tensor(a.tokens), torch.tensor([11, 12, 13])])
+    cached = dec.generate(second, 12, stop_tokens=[])
+    fresh = dec.generate(second, 12, stop_tokens=[], prompt_cache=False, slots=[1 - cached.slot])
+    assert cached.cached == len(first) + len(a.tokens) - 1 and fresh.cached == 0
+    assert cached.tokens == fresh.tokens
+
+
+def test_a_cache_larger_than_memory_is_refused(smollm2: tuple) -> None:
+    with pytest.raises(ValueError, match="more than this machine's memory allows.*lower max_batch or max_context"):
+        KwkDecoder.from_hf(smollm2[0], max_batch=4096, max_context=8192)

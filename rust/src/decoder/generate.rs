@@ -8,14 +8,16 @@
 //! (`sample::verify`) plus the model's own next token; the slot is truncated to what was kept.
 //!
 //! Contract: with temperature 0 the tokens are the argmax of the decoder's logits at every position,
-//! so they equal a step-by-step greedy loop over `Decoder::step`, drafts or not (a verified row's
-//! logits are those of the same row in a one-token step: every kernel computes each row alone, in the
-//! same order). Sampling with drafts keeps the model's distribution (not the seed's exact text). A
+//! so they equal a step-by-step greedy loop over `Decoder::step`, drafts or not. A verified row's
+//! logits equal the same row's in a one-token step up to f32 summation order (steps of more than
+//! `SMALL_M` rows sum k in blocks; measured differences are ~1e-6 of the largest logit), so a token
+//! could differ only where two logits tie that closely; sampling with drafts keeps the model's
+//! distribution (not the seed's exact text). A
 //! sequence's slot ends holding its prompt and every new token but the last (a stop token's K/V is
 //! not written: nothing follows it), whether or not drafts were tried.
 
 use super::forward::{Logits, SeqStep};
-use super::lookup::Lookup;
+use super::lookup::{Lookup, StepCost};
 use super::sample::{sample, verify, Rng, SampleParams};
 use super::Decoder;
 use crate::isa::Isa;
@@ -118,11 +120,13 @@ pub fn generate(
         })
         .collect();
     let mut first = true;
+    let mut cost = StepCost::default();
     loop {
         // `logits` holds, per live sequence in order, 1 + drafts.len() rows: row j follows the
         // pending token and the first j drafts.
         let mut next: Vec<Live> = Vec::with_capacity(live.len());
         let mut row = 0usize;
+        let mut drafted_rows = 0usize; // drafts already given to sequences of the next step
         for l in &live {
             let (i, slot) = (l.seq, seqs[l.seq].0);
             // The slot holds its text up to the pending token, the pending token and the drafts.
@@ -161,10 +165,13 @@ pub fn generate(
                 } else if !agreed {
                     kept = Some(held);
                     let limit = (params.max_new - out[i].0.len() - 1).min(ctx - held - 1);
+                    let b = live.len(); // at most this many sequences in the next step
+                    let drafts = looks[i].next(&history[i], limit, &cost, b, b + drafted_rows);
+                    drafted_rows += drafts.len();
                     next.push(Live {
                         seq: i,
                         pending: tok,
-                        drafts: looks[i].next(&history[i], limit),
+                        drafts,
                     });
                 } else {
                     taken += 1;
@@ -209,7 +216,9 @@ pub fn generate(
             .map(|(f, l)| if l.drafts.is_empty() { 1 } else { f.len() })
             .sum();
         logits.resize(rows * vocab, 0.0);
+        let t0 = std::time::Instant::now();
         dec.step(isa, par, &steps, &mut logits)?;
+        cost.record(feeds.iter().map(Vec::len).sum(), t0.elapsed().as_secs_f64());
     }
     Ok(finish_all(out, &looks))
 }
