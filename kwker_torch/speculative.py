@@ -15,7 +15,8 @@ How many drafts: the k that maximises expected tokens per second, E(k) / (k t_dr
 with E(k) = (1 - a^(k+1)) / (1 - a) for the acceptance rate a (kept / (kept + rejections), decayed), and
 the draft's step time and the target's time per verified row count measured as it runs (a verify step of
 many rows costs more than one row on a CPU: the rows' arithmetic is not free, measured 1.8x for 9 rows on
-SmolLM2-135M). k = 0 (no drafting) when drafting does not pay, retried every 8 steps.
+SmolLM2-135M). k = 0 (no drafting) when drafting does not pay, retried every 8 steps; drafts of which
+nothing was kept pause drafting for 1, 2, 4 .. 16 steps.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Planner:
         self.t_draft: float | None = None
         self.t_verify: dict[int, float] = {}  # rows -> seconds (decayed mean)
         self.idle = 0
+        self.pause, self.next_pause = 0, 1  # steps without drafting after drafts that all failed
 
     def verify_time(self, rows: int) -> float:
         if rows in self.t_verify:
@@ -74,6 +76,9 @@ class Planner:
 
     def choose(self, limit: int) -> int:
         if limit <= 0:
+            return 0
+        if self.pause > 0:
+            self.pause -= 1
             return 0
         if self.t_draft is None:
             return min(4, limit, self.max_draft)
@@ -96,6 +101,11 @@ class Planner:
             self.t_draft = ema(self.t_draft, t_draft / drafted) if t_draft is not None else self.t_draft
             self.kept = 0.9 * self.kept + kept
             self.rejected = 0.9 * self.rejected + (kept < drafted)
+            # As prompt lookup: a draft of which nothing was kept pauses drafting 1, 2, 4 .. 16 steps.
+            if kept == 0:
+                self.pause, self.next_pause = self.next_pause, min(2 * self.next_pause, 16)
+            else:
+                self.next_pause = 1
 
 
 def check_pair(target: KwkDecoder, draft: KwkDecoder) -> None:
