@@ -195,6 +195,7 @@ class KwkCache:
         if n >= self.seen:
             return
         n = max(n, 0)
+        self.cached = 0  # the prompt-cache skip applies to a sequence's first forward only
         with self._inst.lock:
             for i, slot in enumerate(self.slots):
                 real = int(self.mask[i, :n].sum()) if self.mask is not None else n

@@ -579,7 +579,8 @@ class KwkDecoder:
         pass (0 turns it off); greedy text is the same either way, sampled text keeps the model's
         distribution. ``prompt_cache``: a slot that already holds the start of a prompt (the previous chat
         turn) reads only the rest; with ``slots`` not given, each prompt goes to the slot holding its
-        longest cached prefix, else to the least recently used one. ``keep=True`` instead appends each
+        longest cached prefix, else to the least recently used one (any slot: one driven only by ``step()``
+        counts as least recently used; pass ``slots`` to pin prompts to slots). ``keep=True`` instead appends each
         prompt to what its slot holds; ``prompt_cache=False`` empties the slots first."""
         single = isinstance(prompts, torch.Tensor) and prompts.dim() == 1
         single = single or (len(prompts) > 0 and isinstance(prompts[0], int))  # type: ignore[index]
@@ -661,7 +662,8 @@ class KwkDecoder:
             raise ValueError(f"kwker: temperature must be >= 0 and top_p in (0, 1], got {temperature}, {top_p}")
         stop = list(self._eos) if stop_tokens is None else [int(t) for t in stop_tokens]
         self._check_reentry()
-        with self._gen_lock, draft._gen_lock:
+        first, second = sorted((self, draft), key=id)  # one lock order, whichever decoder is the target
+        with first._gen_lock, second._gen_lock:
             chosen, cached, feed = self._place(toks, slots, keep, reuse)
             (dslot,), _, _ = draft._place([toks[0]], None, False, True)
             if max_new == 0:

@@ -48,7 +48,7 @@ def seat(dec: KwkDecoder, prompt: torch.Tensor, candidates: Sequence[int], sourc
     if com.get(src, 0) > com[slot]:
         dec.copy_prefix(src, slot, com[src])
         return slot, com[src]
-    if com[slot] != len(texts[slot]):
+    if com[slot] != dec.slot_len(slot):  # (a positioned slot offers nothing but holds tokens: emptied)
         dec.truncate(slot, com[slot])
     return slot, com[slot]
 

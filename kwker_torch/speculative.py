@@ -143,7 +143,7 @@ def generate(
     tokens, the finish reason, and the drafts proposed and kept."""
     greedy = temperature == 0.0 or top_k == 1
     gen = torch.Generator().manual_seed(seed & (2**63 - 1))
-    ctx = min(target.max_context, draft.max_context)
+    ctx = target.max_context  # the draft's own context only limits how far it drafts
     stops = set(stop)
 
     def choose(lg: torch.Tensor) -> int:
@@ -175,7 +175,7 @@ def generate(
             return out, "stop", drafted, kept_total
         if len(out) >= max_new or held >= ctx:
             return out, "length", drafted, kept_total
-        n = plan.choose(min(max_new - len(out) - 1, ctx - held - 1))
+        n = plan.choose(min(max_new - len(out) - 1, ctx - held - 1, draft.max_context - held - 1))
         drafts: list[int] = []
         qs: list[torch.Tensor] = []
         t0 = time.perf_counter()

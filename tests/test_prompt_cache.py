@@ -119,3 +119,15 @@ def test_families_and_precisions_cached_turn_equals_fresh(name: str, precision: 
 def test_a_cache_larger_than_memory_is_refused(smollm2: tuple) -> None:
     with pytest.raises(ValueError, match="more than this machine's memory allows.*lower max_batch or max_context"):
         KwkDecoder.from_hf(smollm2[0], max_batch=4096, max_context=8192)
+
+
+def test_a_slot_started_at_another_position_is_emptied_not_continued(dec: KwkDecoder, smollm2: tuple) -> None:
+    tok = smollm2[1]
+    ids, _ = turns(tok)
+    want = dec.generate(ids, 12, slots=[1], prompt_cache=False).tokens
+    dec.reset()  # no other slot holds the prompt (it would be copied in)
+    dec.set_position(0, 5)  # as a left-padded row under decode.install()
+    dec.step([(0, ids[:20])], logits="none")
+    c = dec.generate(ids, 12, slots=[0])
+    assert c.cached == 0 and c.tokens == want
+    assert dec.slot_tokens(0) == ids.tolist() + c.tokens[:-1]
