@@ -72,7 +72,7 @@ def prompts() -> dict[str, tuple[str, bool]]:
     }
 
 
-def ids_of(tok: Any, text: str) -> torch.Tensor:
+def ids_of(tok: Any, text: str | list[dict[str, str]]) -> torch.Tensor:
     from kwker_torch.models import chat_ids
 
     return chat_ids(tok, text)[0]
@@ -170,7 +170,7 @@ def cache_section(dec: KwkDecoder, tok: Any, rounds: int, rows: list) -> None:
     for turn in range(1, 6):
         user_ids = tok(" ".join(words[900 + 50 * turn : 950 + 50 * turn]))["input_ids"]
         msgs.append({"role": "user", "content": tok.decode(user_ids[: 64 - 5])})  # + the template's 5 tokens
-        ids = torch.tensor(chat(tok, msgs))
+        ids = ids_of(tok, msgs)
         ttft: dict[str, list[float]] = {"cached": [], "fresh": []}
         res: dict[str, Any] = {}
         for _ in range(rounds if turn > 1 else 1):

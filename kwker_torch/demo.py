@@ -79,10 +79,10 @@ def chat_cache_demo(model: torch.nn.Module, tok: object) -> None:
     dec = KwkDecoder.from_hf(model, max_batch=2, max_context=2048)
     system = "You are a helpful assistant. " * 60  # a long system prompt, as chat deployments send
     msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Name three rivers in England."}]
-    first = dec.generate(chat_ids_of(tok, msgs), 32)
+    first = dec.generate(chat_ids(tok, msgs)[0], 32)
     msgs += [{"role": "assistant", "content": tok.decode(first.tokens, skip_special_tokens=True)},
              {"role": "user", "content": "Which is the longest?"}]  # fmt: skip
-    ids = chat_ids_of(tok, msgs)
+    ids = chat_ids(tok, msgs)[0]
     times = {}
     for cache in (True, False):  # cached first: the fresh run's slot would then hold this very prompt
         seen: list[float] = []
@@ -95,10 +95,6 @@ def chat_cache_demo(model: torch.nn.Module, tok: object) -> None:
     say(f"prompt cache: turn 2 ({len(ids)} tokens) starts after {1e3 * cached:.0f} ms reading {len(ids) - b.cached} "
         f"new tokens, against {1e3 * fresh:.0f} ms reading all: {fresh / cached:.1f}x sooner, {same}\n")  # fmt: skip
 
-
-def chat_ids_of(tok: object, msgs: list[dict[str, str]]) -> torch.Tensor:
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt")  # type: ignore[attr-defined]
-    return (ids if isinstance(ids, torch.Tensor) else ids["input_ids"])[0]
 
 
 def _with_ops(model: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -213,9 +213,9 @@ def generate_greedy(
         return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
 
 
-def chat_ids(tok: Any, prompt: str) -> torch.Tensor:
-    """Token ids [1, T] of ``prompt`` as a user turn of the model's chat template."""
-    enc = tok.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt"
-    )
+def chat_ids(tok: Any, prompt: str | list[dict[str, str]]) -> torch.Tensor:
+    """Token ids [1, T] of ``prompt`` as a user turn of the model's chat template (or of a whole
+    conversation, a list of {"role", "content"} messages), ready for the assistant's answer."""
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt")
     return enc if isinstance(enc, torch.Tensor) else enc["input_ids"]

@@ -22,14 +22,19 @@ if TYPE_CHECKING:
     from .decoder import KwkDecoder
 
 
+def shared_start(a: Sequence[int] | torch.Tensor, b: Sequence[int] | torch.Tensor) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    m = min(len(a), len(b))
+    if m == 0:
+        return 0
+    diff = (torch.as_tensor(a[:m]) != torch.as_tensor(b[:m])).nonzero()
+    return int(diff[0]) if len(diff) else m
+
+
 def common(held: list[int], prompt: torch.Tensor) -> int:
     """Cacheable start: what ``held`` and ``prompt`` share, leaving at least one prompt token to read
     (the next token's logits come from it)."""
-    m = min(len(held), len(prompt) - 1)
-    if m <= 0:
-        return 0
-    diff = (torch.tensor(held[:m]) != prompt[:m]).nonzero()
-    return int(diff[0]) if len(diff) else m
+    return shared_start(held, prompt[: max(len(prompt) - 1, 0)])
 
 
 def held(dec: KwkDecoder, slot: int) -> list[int]:

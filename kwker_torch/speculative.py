@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .prompt_cache import shared_start
+
 if TYPE_CHECKING:
     from .decoder import KwkDecoder
 
@@ -151,14 +153,18 @@ def generate(
             return int(torch.argmax(lg))
         return int(torch.multinomial(warp(lg, temperature, top_k, top_p), 1, generator=gen))
 
+    def ended(tok: int, before: int) -> str | None:
+        """Why the sequence ends at ``tok`` (emitted; the slot holds ``before`` tokens ahead of it)."""
+        if callback is not None and callback(0, tok) is False:
+            return "callback"
+        if tok in stops:
+            return "stop"
+        if len(out) >= max_new or before >= ctx:
+            return "length"
+        return None
+
     # Both slots end up holding the same text; bring the draft's to the target's prefix first.
-    held_t = target.slot_tokens(slot)
-    held_d = draft.slot_tokens(draft_slot)
-    common = 0
-    for a, b in zip(held_t, held_d, strict=False):
-        if a != b:
-            break
-        common += 1
+    common = shared_start(target.slot_tokens(slot), draft.slot_tokens(draft_slot))
     draft.truncate(draft_slot, common)  # a start of the target's text: it catches up when it drafts
     (logits,) = target.step([(slot, prompt)])
     out: list[int] = []
@@ -169,12 +175,9 @@ def generate(
         # Emit `pending`: the first token of this round, chosen from the target's logits.
         out.append(pending)
         held = target.slot_len(slot)  # everything before `pending`
-        if callback is not None and callback(0, pending) is False:
-            return out, "callback", drafted, kept_total
-        if pending in stops:
-            return out, "stop", drafted, kept_total
-        if len(out) >= max_new or held >= ctx:
-            return out, "length", drafted, kept_total
+        why = ended(pending, held)
+        if why is not None:
+            return out, why, drafted, kept_total
         n = plan.choose(min(max_new - len(out) - 1, ctx - held - 1, draft.max_context - held - 1))
         drafts: list[int] = []
         qs: list[torch.Tensor] = []
@@ -217,15 +220,11 @@ def generate(
             # d is kept: emit it as the model's own token.
             accepted += 1
             out.append(d)
-            if callback is not None and callback(0, d) is False:
-                return _end(target, draft, slot, draft_slot, held + 1 + j, out, "callback", drafted + n,
-                            kept_total + accepted)  # fmt: skip
-            if d in stops:
-                return _end(target, draft, slot, draft_slot, held + 1 + j, out, "stop", drafted + n,
-                            kept_total + accepted)  # fmt: skip
-            if len(out) >= max_new:
-                return _end(target, draft, slot, draft_slot, held + 1 + j, out, "length", drafted + n,
-                            kept_total + accepted)  # fmt: skip
+            why = ended(d, held + 1 + j)
+            if why is not None:  # inside a run of kept drafts: both slots keep what precedes d
+                target.truncate(slot, held + 1 + j)
+                draft.truncate(draft_slot, min(draft.slot_len(draft_slot), held + 1 + j))
+                return out, why, drafted + n, kept_total + accepted
         if nxt is None:  # every draft kept: the bonus token from the row after the last
             nxt = choose(rows[len(drafts)])
         drafted += n
@@ -235,12 +234,4 @@ def generate(
         target.truncate(slot, keep)
         draft.truncate(draft_slot, min(draft.slot_len(draft_slot), keep))
         pending = nxt
-
-
-def _end(target: KwkDecoder, draft: KwkDecoder, slot: int, draft_slot: int, keep: int, out: list[int], why: str,
-         drafted: int, kept: int) -> tuple[list[int], str, int, int]:  # fmt: skip
-    """Ends inside a run of kept drafts: both slots keep what precedes the last emitted token."""
-    target.truncate(slot, keep)
-    draft.truncate(draft_slot, min(draft.slot_len(draft_slot), keep))
-    return out, why, drafted, kept
 
