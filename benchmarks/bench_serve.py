@@ -1,0 +1,310 @@
+"""The OpenAI-compatible server (``python -m kwker_torch.serve``) under load, against llama.cpp, in one run.
+
+Sections (``--sections``, default all):
+  ``throughput``  8 concurrent requests, 64-token prompts + 64 new tokens (greedy, ``ignore_eos``), summed
+             generated tokens/s from the first request sent to the last token received; against the same 8
+             requests one at a time on our server, and llama.cpp's batched decoding of 8 sequences x (64 + 64)
+             at the same bits (``batched``: llama-batched-bench's protocol, prompt time included), interleaved
+             round by round, per precision (preserve vs BF16, int8 vs Q8_0, int4 vs Q4_0).
+  ``ttft``   time to first token of a second chat turn on the warm slot (its first turn cached) against the
+             same conversation sent cold (no slot holds it).
+  ``load``   ``--clients`` (64) concurrent streaming chat clients in a loop for ``--seconds`` (120) and at least
+             ``--requests`` (10,000) requests: every response checked (finish_reason, [DONE], usage equal to the
+             tokens streamed, and the same text every time a prompt repeats: greedy, int8, whose rows do not
+             depend on the batch); p50/p99 time to first token; the server's resident memory at the start and end.
+Servers are started as subprocesses on 127.0.0.1 (one per precision, all loaded up front, idle when not
+measured); clients are asyncio + httpx in this process. The model is the real SmolLM2-135M-Instruct.
+
+Run: ``python benchmarks/bench_serve.py [--rounds 3] [--sections throughput ttft load]``. Results go to
+``benchmarks/results/serve.json``; tables are printed as they are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decoder import cpu_flags, say  # noqa: E402
+from common import machine, save, stream_triad_gbs, table  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+PEER_FORMAT = {"preserve": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
+TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "text"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``python -m kwker_torch.serve`` in a child process."""
+
+    def __init__(self, precision: str, slots: int = 8, extra: list[str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "kwker_torch.serve", "--precision", precision, "--slots", str(slots),
+               "--port", str(self.port), "--queue", "256", *(extra or [])]  # fmt: skip
+        self.log = open(f"/tmp/kwker-bench-serve-{precision}-{self.port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({self.proc.returncode}); see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).json().get("status") == "ok":
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"the server did not come up in 300 s; see {self.log.name}")
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def token_prompts(tok, count: int, length: int, seed: int) -> list[list[int]]:
+    """``count`` prompts of exactly ``length`` tokens from real English text (distinct per seed)."""
+    text = " ".join(p.read_text() for p in sorted(TEXTS.glob("*.txt")))
+    ids = tok(text)["input_ids"]
+    rng = random.Random(seed)
+    return [ids[s : s + length] for s in (rng.randrange(0, len(ids) - length) for _ in range(count))]
+
+
+async def complete(client: httpx.AsyncClient, url: str, prompt: list[int], new: int) -> int:
+    r = await client.post(url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": new,
+                                                         "temperature": 0, "ignore_eos": True})  # fmt: skip
+    r.raise_for_status()
+    return int(r.json()["usage"]["completion_tokens"])
+
+
+async def concurrent(url: str, prompts: list[list[int]], new: int) -> float:
+    async with httpx.AsyncClient(timeout=600) as c:
+        t0 = time.perf_counter()
+        made = await asyncio.gather(*(complete(c, url, p, new) for p in prompts))
+        return sum(made) / (time.perf_counter() - t0)
+
+
+async def one_at_a_time(url: str, prompts: list[list[int]], new: int) -> float:
+    async with httpx.AsyncClient(timeout=600) as c:
+        t0 = time.perf_counter()
+        made = [await complete(c, url, p, new) for p in prompts]
+        return sum(made) / (time.perf_counter() - t0)
+
+
+def bench_throughput(servers: dict[str, Server], tok, rounds: int, report: dict) -> None:
+    from kwker_torch.peer.build import cache_root
+    from kwker_torch.peer.llama_cpp import LlamaCppWorker
+
+    peers = {}
+    for prec, fmt in PEER_FORMAT.items():
+        if prec in servers:
+            w = LlamaCppWorker("native", threads=2)
+            w.load(os.path.join(cache_root(), "gguf", f"bench-SmolLM2-135M-real.{fmt}.gguf"), n_ctx=8 * 128 + 256,
+                   n_batch=512, n_seq_max=8)  # fmt: skip
+            peers[prec] = w
+    res: dict[str, dict[str, list[float]]] = {p: {"batched": [], "single": [], "llama": []} for p in servers}
+    try:
+        for r in range(rounds):
+            for prec, srv in servers.items():
+                a = token_prompts(tok, 8, 64, seed=1000 * r + 1)  # fresh prompts: no slot holds them
+                b = token_prompts(tok, 8, 64, seed=1000 * r + 2)
+                res[prec]["batched"].append(asyncio.run(concurrent(srv.url, a, 64)))
+                res[prec]["single"].append(asyncio.run(one_at_a_time(srv.url, b, 64)))
+                out = peers[prec].batched(8, 64, 64)
+                res[prec]["llama"].append(8 * 64 / (out["prompt_s"] + out["gen_s"]))
+                d = {k: v[-1] for k, v in res[prec].items()}
+                say(f"  round {r + 1} {prec}: 8 concurrent {d['batched']:.0f} tok/s, one at a time {d['single']:.0f}, "
+                    f"llama.cpp batched {PEER_FORMAT[prec]} {d['llama']:.0f}")
+    finally:
+        for w in peers.values():
+            w.close()
+    rows = []
+    for prec, d in res.items():
+        m = {k: statistics.median(v) for k, v in d.items()}
+        rows.append([prec, PEER_FORMAT[prec], f"{m['batched']:.0f}", f"{m['single']:.0f}", f"{m['llama']:.0f}",
+                     f"{m['batched'] / m['single']:.2f}", f"{m['batched'] / m['llama']:.2f}"])  # fmt: skip
+        report.setdefault("throughput", {})[prec] = {**m, "rounds": d}
+    say(table(["precision", "llama.cpp", "kwker 8 concurrent tok/s", "kwker one at a time", "llama.cpp batched",
+               "concurrent / one at a time", "kwker / llama.cpp"], rows))  # fmt: skip
+
+
+async def first_token(client: httpx.AsyncClient, url: str, messages: list[dict], max_tokens: int = 64
+                      ) -> tuple[float, str, dict]:  # fmt: skip
+    """(seconds to the first content chunk, whole text, usage) of a streamed greedy chat completion."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    t0 = time.perf_counter()
+    ttft, parts, usage, done = None, [], {}, False
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                raise RuntimeError(obj["error"]["message"])
+            if obj.get("usage"):
+                usage = obj["usage"]
+            for ch in obj.get("choices", []):
+                piece = ch["delta"].get("content")
+                if piece:
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    parts.append(piece)
+                if ch.get("finish_reason"):
+                    usage["finish_reason"] = ch["finish_reason"]
+    if not done:
+        raise RuntimeError("the stream ended without [DONE]")
+    return (ttft if ttft is not None else time.perf_counter() - t0), "".join(parts), usage
+
+
+def bench_ttft(srv: Server, rounds: int, report: dict) -> None:
+    text = sorted(TEXTS.glob("*.txt"))[0].read_text()
+    async def run(r: int) -> tuple[float, float, int, int]:  # noqa: E306
+        async with httpx.AsyncClient(timeout=600) as c:
+            doc = text[r * 1500 : r * 1500 + 1500]
+            turn1 = [{"role": "user", "content": f"Read this and answer my questions.\n\n{doc}"}]
+            _, answer, _ = await first_token(c, srv.url, turn1)
+            turn2 = [*turn1, {"role": "assistant", "content": answer},
+                     {"role": "user", "content": "Now summarise it in one sentence."}]  # fmt: skip
+            warm, _, u_warm = await first_token(c, srv.url, turn2, 8)
+            # Cold: the same second turn, with its first message changed at the start, so no slot holds it.
+            cold2 = [{"role": "user", "content": "Please. " + turn1[0]["content"]}, *turn2[1:]]
+            cold, _, u_cold = await first_token(c, srv.url, cold2, 8)
+            return warm, cold, u_warm["prompt_tokens_details"]["cached_tokens"], u_cold["prompt_tokens"]
+
+    warm_s, cold_s = [], []
+    for r in range(rounds):
+        warm, cold, cached, prompt = asyncio.run(run(r))
+        warm_s.append(warm)
+        cold_s.append(cold)
+        say(f"  round {r + 1}: second turn of {prompt} tokens ({cached} cached): warm {warm * 1e3:.1f} ms, "
+            f"cold {cold * 1e3:.1f} ms ({cold / warm:.1f}x)")
+    w, c = statistics.median(warm_s), statistics.median(cold_s)
+    report["ttft"] = {"warm_s": warm_s, "cold_s": cold_s, "ratio": c / w}
+    say(table(["second chat turn", "warm slot ms", "cold ms", "cold / warm"], [["median", f"{w * 1e3:.1f}",
+              f"{c * 1e3:.1f}", f"{c / w:.1f}"]]))  # fmt: skip
+
+
+def bench_load(srv: Server, clients: int, seconds: float, requests: int, report: dict) -> None:
+    system = ("You are a concise assistant. Answer every question in one short sentence, without preamble, "
+              "and never ask a question back.")  # fmt: skip
+    topics = ["rain", "bread", "rivers", "the moon", "bees", "salt", "clocks", "glass", "maps", "tea"]
+    pool = [f"In a few words: what is {t} made of, question {k}?" for k in range(20) for t in topics]
+    seen: dict[str, str] = {}
+    stats = {"ok": 0, "bad": 0, "ttft": [], "mismatch": 0, "errors": []}
+
+    async def client(cid: int, end: float) -> None:
+        rng = random.Random(cid)
+        async with httpx.AsyncClient(timeout=120) as c:
+            while time.monotonic() < end or stats["ok"] + stats["bad"] < requests:
+                q = rng.choice(pool)
+                msgs = [{"role": "system", "content": system}, {"role": "user", "content": q}]
+                try:
+                    ttft, text, usage = await first_token(c, srv.url, msgs, 12)
+                except Exception as e:  # noqa: BLE001  (counted: a lost or broken response)
+                    stats["bad"] += 1
+                    stats["errors"].append(repr(e)[:200])
+                    continue
+                if usage.get("finish_reason") not in ("stop", "length") or not usage.get("completion_tokens"):
+                    stats["bad"] += 1
+                    continue
+                if seen.setdefault(q, text) != text:
+                    stats["mismatch"] += 1
+                stats["ok"] += 1
+                stats["ttft"].append(ttft)
+
+    async def run() -> float:
+        # Warm up (every prompt once) before measuring memory, so the start RSS holds the slots' pages.
+        async with httpx.AsyncClient(timeout=120) as c:
+            await asyncio.gather(*(first_token(c, srv.url, [{"role": "system", "content": system},
+                                                            {"role": "user", "content": q}], 12) for q in pool[:16]))
+        t0 = time.monotonic()
+        await asyncio.gather(*(client(i, t0 + seconds) for i in range(clients)))
+        return time.monotonic() - t0
+
+    rss0 = srv.rss_mb()
+    wall = asyncio.run(run())
+    rss1 = srv.rss_mb()
+    t = sorted(stats["ttft"])
+    p50, p99 = t[len(t) // 2], t[int(len(t) * 0.99)]
+    n = stats["ok"] + stats["bad"]
+    report["load"] = {"clients": clients, "seconds": wall, "requests": n, "ok": stats["ok"], "bad": stats["bad"],
+                      "mismatch": stats["mismatch"], "ttft_p50_s": p50, "ttft_p99_s": p99, "rss_start_mb": rss0,
+                      "rss_end_mb": rss1, "errors": stats["errors"][:5]}  # fmt: skip
+    say(table(["clients", "requests", "seconds", "lost / broken", "text differs on repeat", "TTFT p50 ms",
+               "TTFT p99 ms", "RSS start MB", "RSS end MB"],
+              [[clients, n, f"{wall:.0f}", stats["bad"], stats["mismatch"], f"{p50 * 1e3:.0f}", f"{p99 * 1e3:.0f}",
+                f"{rss0:.0f}", f"{rss1:.0f}"]]))  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sections", nargs="+", default=["throughput", "ttft", "load"])
+    ap.add_argument("--precisions", nargs="+", default=["preserve", "int8", "int4"])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--requests", type=int, default=10_000)
+    args = ap.parse_args()
+    from kwker_torch.models import load_smollm2
+
+    say(f"{machine()}\nCPU flags: {cpu_flags()}")
+    triad = stream_triad_gbs()
+    say(f"STREAM triad {triad:.1f} GB/s")
+    report: dict = {"machine": machine(), "flags": cpu_flags(), "triad_gbs": triad, "command": " ".join(sys.argv)}
+    tok = load_smollm2()[1]
+    if "throughput" in args.sections:
+        servers = {p: Server(p) for p in args.precisions}
+        try:
+            bench_throughput(servers, tok, args.rounds, report)
+        finally:
+            for s in servers.values():
+                s.close()
+    if "ttft" in args.sections:
+        srv = Server("preserve")
+        try:
+            bench_ttft(srv, args.rounds, report)
+        finally:
+            srv.close()
+    if "load" in args.sections:
+        srv = Server("int8")
+        try:
+            bench_load(srv, args.clients, args.seconds, args.requests, report)
+        finally:
+            srv.close()
+    report["triad_end_gbs"] = stream_triad_gbs()
+    say(f"STREAM triad at the end {report['triad_end_gbs']:.1f} GB/s")
+    print(save("serve", report))
+
+
+if __name__ == "__main__":
+    main()

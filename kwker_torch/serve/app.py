@@ -1,0 +1,352 @@
+"""The OpenAI-compatible HTTP app (FastAPI on Starlette): ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``, ``/health`` and ``/metrics``, over one continuous-batching Engine.
+
+``create_app(opts)`` returns the app; its lifespan loads the model and starts the engine at startup, and
+at shutdown lets requests in flight finish for ``opts.shutdown_grace`` seconds before ending the rest.
+Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: a malformed body, a wrong
+type, an empty conversation, a prompt longer than the context or an unenforceable schema is a 400, an
+unknown model a 404, a full queue a 429 with Retry-After, a request past ``--request-timeout`` a 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import models
+from .engine import Closed, Engine, QueueFull
+from .flight import Flight, chat_logprobs, new_id, text_logprobs
+from .grammar import GrammarError, Grammars
+from .metrics import Metrics
+from .options import ServeOptions, load_model
+from .sampling import SamplingParams
+from .schema import ChatCompletionRequest, CompletionRequest, error_body
+
+log = logging.getLogger("kwker.serve")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers
+
+
+def build_engine(opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
+    """Loads the model named by ``opts`` and starts an engine over it (``engine_for``)."""
+    opts.check()
+    model, tok = load_model(opts)
+    return engine_for(model, tok, opts, metrics)
+
+
+def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
+    """A started engine over a KwkDecoder of ``model`` with ``opts.slots`` slots (the model is not kept)."""
+    from .. import _native
+    from ..decoder import KwkDecoder, _eos_ids
+
+    opts.check()
+    if opts.threads:
+        _native.set_num_threads(opts.threads)
+    dec = KwkDecoder.from_hf(model, opts.precision, max_batch=opts.slots, max_context=opts.max_context)
+    eos = _eos_ids(model)
+    if tok.eos_token_id is not None and tok.eos_token_id not in eos:
+        eos.append(int(tok.eos_token_id))
+    return Engine(dec, tok, eos=eos, queue=opts.queue, prefill_chunk=opts.prefill_chunk, metrics=metrics,
+                  grammars=Grammars(tok, dec.vocab_size)).start()  # fmt: skip
+
+
+def _err(e: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(e.message, e.kind, e.param, e.code), status_code=e.status, headers=e.headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, param = [], None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        if err.get("type") == "json_invalid":
+            return f"the request body is not valid JSON: {err.get('msg')}", None
+        where = ".".join(loc) or "body"
+        param = param or where
+        parts.append(f"{where}: {err.get('msg')}")
+    return "invalid request: " + "; ".join(dict.fromkeys(parts)), param
+
+
+def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None) -> FastAPI:
+    """The server app. With ``engine`` given (already started), the app uses it and does not stop it."""
+    opts = (opts or ServeOptions()).check()
+    state: dict[str, Any] = {"engine": engine}
+    name = opts.model_name
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        own = state["engine"] is None
+        if own:
+            state["engine"] = await asyncio.to_thread(build_engine, opts)
+            log.info("kwker serve: %s loaded (%s, %d slots), serving", name, opts.precision, opts.slots)
+        yield
+        if own:
+            await asyncio.to_thread(state["engine"].shutdown, opts.shutdown_grace)
+
+    app = FastAPI(title="kwker", description="OpenAI-compatible API over kwker's native decoder", lifespan=lifespan)
+
+    def eng() -> Engine:
+        e = state["engine"]
+        if e is None:
+            raise ApiError(503, "the model is still loading; retry shortly", kind="server_error")
+        return e
+
+    def count(endpoint: str, status: int) -> None:
+        if state["engine"] is not None:
+            state["engine"].metrics.requests.labels(endpoint, str(status)).inc()
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        count(request.url.path, exc.status)
+        return _err(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        count(request.url.path, 400)
+        return _err(ApiError(400, message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _err(ApiError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        e = state["engine"]
+        return {"status": "ok" if e is not None else "loading", "pid": os.getpid(), "model": name,
+                "slots": opts.slots, "busy": e.busy if e is not None else 0}  # fmt: skip
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        body = eng().metrics.exposition()
+        return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def model_card() -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "kwker"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        if model_id != name:
+            raise ApiError(404, f"The model '{model_id}' does not exist; this server serves '{name}'",
+                           "model", "model_not_found")  # fmt: skip
+        return model_card()
+
+    def check_model(model: str) -> None:
+        if model != name:
+            raise ApiError(404, f"The model '{model}' does not exist; this server serves '{name}' (GET /v1/models)",
+                           "model", "model_not_found")  # fmt: skip
+
+    def params(body: Any, prompt_len: int, max_tokens: int | None, logprobs: bool, top: int) -> SamplingParams:
+        room = opts.max_context - prompt_len
+        if room < 1:
+            raise ApiError(400, f"This model's maximum context length is {opts.max_context} tokens; the prompt has "
+                           f"{prompt_len}. Shorten the prompt (or start the server with a larger --max-context).",
+                           "messages", "context_length_exceeded")  # fmt: skip
+        if max_tokens is not None and prompt_len + max_tokens > opts.max_context:
+            raise ApiError(400, f"This model's maximum context length is {opts.max_context} tokens; the prompt has "
+                           f"{prompt_len} and max_tokens asks for {max_tokens} more. Lower max_tokens to at most "
+                           f"{room}.", "max_tokens", "context_length_exceeded")  # fmt: skip
+        return SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else room,
+            temperature=1.0 if body.temperature is None else float(body.temperature),
+            top_p=1.0 if body.top_p is None else float(body.top_p), seed=body.seed, stop=body.stops(),
+            logprobs=logprobs, top_logprobs=top, ignore_eos=body.ignore_eos,
+        )  # fmt: skip
+
+    def start(e: Engine, prompts: list[list[int]], sp: SamplingParams, body: Any) -> Flight:
+        choices = len(prompts) * body.n
+        if choices > opts.slots + opts.queue:
+            raise ApiError(400, f"{choices} choices (n x prompts) are more than this server holds at once "
+                           f"({opts.slots} slots + a queue of {opts.queue})", "n")  # fmt: skip
+        try:
+            grammar = e.grammars.compile(body.response_format)
+            matchers = [e.grammars.matcher(grammar) for _ in range(choices)] if grammar else None
+        except GrammarError as err:
+            raise ApiError(400, str(err), "response_format") from err
+        sp.grammar = grammar
+        try:
+            return Flight(e, prompts, sp, body.n, matchers, time.monotonic() + opts.request_timeout)
+        except QueueFull as err:
+            raise ApiError(429, f"The server is busy: {err}. Retry shortly.", kind="rate_limit_error",
+                           code="rate_limit_exceeded", headers={"Retry-After": "1"}) from err  # fmt: skip
+        except Closed as err:
+            raise ApiError(503, "The server is shutting down; retry on another replica.", kind="server_error") from err
+
+    async def respond(request: Request, flight: Flight, body: Any, chat: bool, echo: list[str]) -> Any:
+        if body.stream:
+            return StreamingResponse(stream(flight, body, chat, echo), media_type="text/event-stream")
+        collect = asyncio.ensure_future(gather(flight))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not collect.done():  # the client left: free its slots
+            flight.cancel()
+            collect.cancel()
+            count(request.url.path, 499)
+            return JSONResponse(error_body("client disconnected"), status_code=499)
+        texts, toks, finish, failed = collect.result()
+        if failed is not None:
+            raise ApiError(failed.status, failed.error or "failed", kind="server_error" if failed.status >= 500
+                           else "invalid_request_error")  # fmt: skip
+        count(request.url.path, 200)
+        tok = flight.engine.tok
+        choices = []
+        for i in range(len(flight.reqs)):
+            lp = None
+            if body.logprobs:
+                lp = chat_logprobs(tok, toks[i]) if chat else text_logprobs(tok, toks[i], len(echo[i]) if echo else 0)
+            if chat:
+                msg = {"role": "assistant", "content": texts[i], "refusal": None}
+                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": finish[i]})
+            else:
+                text = (echo[i] if echo else "") + texts[i]
+                choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish[i]})
+        kind = "chat.completion" if chat else "text_completion"
+        return {"id": new_id("chatcmpl" if chat else "cmpl"), "object": kind,
+                "created": flight.created, "model": name, "system_fingerprint": "kwker", "choices": choices,
+                "usage": flight.usage()}  # fmt: skip
+
+    async def gather(flight: Flight) -> tuple[list[str], list[list[Any]], list[str | None], Any]:
+        n = len(flight.reqs)
+        texts: list[list[str]] = [[] for _ in range(n)]
+        toks: list[list[Any]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        async for i, ev in flight.events():
+            if ev.error is not None:
+                flight.cancel()
+                return [], [], [], ev
+            texts[i].append(ev.text)
+            toks[i].extend(ev.tokens)
+            finish[i] = ev.finish or finish[i]
+        return ["".join(t) for t in texts], toks, finish, None
+
+    async def stream(flight: Flight, body: Any, chat: bool, echo: list[str]) -> AsyncIterator[str]:
+        rid = new_id("chatcmpl" if chat else "cmpl")
+        usage_on = bool(body.stream_options and body.stream_options.include_usage)
+        tok = flight.engine.tok
+
+        def chunk(i: int, text: str, toks: list[Any], finish: str | None, role: bool = False) -> str:
+            lp = None
+            if body.logprobs and toks:
+                lp = chat_logprobs(tok, toks) if chat else text_logprobs(tok, toks, (len(echo[i]) if echo else 0))
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+                if text:
+                    delta["content"] = text
+                choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
+            else:
+                choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+            obj: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                                   "created": flight.created, "model": name, "system_fingerprint": "kwker",
+                                   "choices": [choice]}  # fmt: skip
+            if usage_on:
+                obj["usage"] = None
+            return _sse(obj)
+
+        try:
+            for i in range(len(flight.reqs)):
+                if chat:
+                    yield chunk(i, "", [], None, role=True)
+                elif echo:
+                    yield chunk(i, echo[i], [], None)
+            async for i, ev in flight.events():
+                if ev.error is not None:
+                    flight.cancel()
+                    yield _sse(error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error"))
+                    break
+                if ev.text or ev.tokens:
+                    yield chunk(i, ev.text, ev.tokens, None)
+                if ev.finish is not None:
+                    yield chunk(i, "", [], ev.finish)
+            else:
+                if usage_on:
+                    yield _sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                                "created": flight.created, "model": name, "choices": [],
+                                "usage": flight.usage()})  # fmt: skip
+            yield "data: [DONE]\n\n"
+        finally:
+            flight.cancel()  # (a no-op when all choices finished; frees the slots when the client left)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
+        check_model(body.model)
+        e = eng()
+        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        try:
+            ids = models.chat_ids(e.tok, msgs)[0].tolist()
+        except Exception as err:  # noqa: BLE001  (the template's own message says what is wrong)
+            raise ApiError(400, f"messages cannot be rendered with the model's chat template: {err}",
+                           "messages") from err  # fmt: skip
+        top = body.top_logprobs or 0
+        if top and not body.logprobs:
+            raise ApiError(400, "top_logprobs requires logprobs: true", "top_logprobs")
+        sp = params(body, len(ids), body.max_completion_tokens or body.max_tokens, body.logprobs, top)
+        flight = start(e, [ids], sp, body)
+        return await respond(request, flight, body, True, [])
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest) -> Any:
+        check_model(body.model)
+        e = eng()
+        p = body.prompt
+        if isinstance(p, str):
+            raw: list[Any] = [p]
+        elif p and all(isinstance(x, int) for x in p):
+            raw = [p]
+        else:
+            raw = list(p)
+        if not raw:
+            raise ApiError(400, "prompt is empty: give a string, a list of strings, or token ids", "prompt")
+        prompts, echo = [], []
+        vocab = e.dec.vocab_size
+        for item in raw:
+            ids = e.tok(item, add_special_tokens=True)["input_ids"] if isinstance(item, str) else list(item)
+            if not ids:
+                raise ApiError(400, "prompt is empty (it has no tokens): give some text or token ids", "prompt")
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ApiError(400, f"prompt token id {bad[0]} is out of range: ids must be in [0, {vocab})", "prompt")
+            prompts.append(ids)
+            echo.append(item if isinstance(item, str) else e.tok.decode(ids))
+        top = body.logprobs or 0
+        sp = params(body, max(len(x) for x in prompts), body.max_tokens, body.logprobs is not None, top)
+        flight = start(e, prompts, sp, body)
+        ech = [echo[i // body.n] for i in range(len(prompts) * body.n)] if body.echo else []
+        return await respond(request, flight, body, False, ech)
+
+    return app
+
+
+def _sse(obj: Any) -> str:
+    import json
+
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read by then)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return

