@@ -20,8 +20,12 @@ The ``spec`` section asks for a passage of Persuasion (``../shared/data/text``) 
 prompt's own text; the tokens must be stock float32's), then a second chat turn's time to first token with
 the prompt cache and without.
 
-Run: ``python -m kwker_torch.demo [--prompt TEXT] [--new-tokens N] [--runs R] [--dtype bf16 f32 quant spec]``.
-Exit status 1 if exact paths' tokens differ other than at a bf16 tie.
+The ``serve`` section runs the OpenAI-compatible server's app on a local port (``kwker_torch/serve/demo.py``):
+a streamed answer, 8 chat requests one at a time and then all at once (the same text either way), and a
+second chat turn's time to first token on its warm slot against cold.
+
+Run: ``python -m kwker_torch.demo [--prompt TEXT] [--new-tokens N] [--runs R] [--dtype bf16 f32 quant spec serve]``.
+Exit status 1 if exact paths' tokens differ other than at a bf16 tie, or a batched answer differs from alone.
 """
 
 from __future__ import annotations
@@ -163,8 +167,8 @@ def main() -> None:
     p.add_argument("--prompt", default="Write a short story about a lighthouse keeper who finds a message in a bottle.")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--dtype", nargs="+", choices=["bf16", "f32", "quant", "spec"],
-                   default=["bf16", "f32", "quant", "spec"])  # fmt: skip
+    p.add_argument("--dtype", nargs="+", choices=["bf16", "f32", "quant", "spec", "serve"],
+                   default=["bf16", "f32", "quant", "spec", "serve"])  # fmt: skip
     a = p.parse_args()
     n = a.new_tokens
     say(f"kwker demo: real SmolLM2-135M-Instruct, kernels tier {isa()}, {num_threads()} threads")
@@ -217,6 +221,11 @@ def main() -> None:
     }  # fmt: skip
     all_rows, ok, text = [], True, ""
     for label in a.dtype:
+        if label == "serve":
+            from .serve.demo import serve_demo
+
+            ok &= serve_demo(bf16, tok, say)
+            continue
         # The bf16 decoder computes in float32: its tokens are compared with stock float32's.
         rows, good = section(label, sections[label], a.runs, n, {"stock torch float32": f32_ref})
         all_rows += rows

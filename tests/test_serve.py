@@ -20,11 +20,11 @@ import httpx
 import openai
 import pytest
 import torch
-from serve_util import Running
 
 from kwker_torch.decoder import KwkDecoder
 from kwker_torch.models import chat_ids
 from kwker_torch.serve import ServeOptions, create_app, engine_for
+from kwker_torch.serve.background import Background
 from kwker_torch.serve.engine import Engine
 
 pytestmark = pytest.mark.slow
@@ -33,11 +33,11 @@ CTX = 1024
 
 
 @pytest.fixture(scope="module")
-def server(smollm2: Any) -> Iterator[tuple[Running, Engine]]:
+def server(smollm2: Any) -> Iterator[tuple[Background, Engine]]:
     model, tok = smollm2
     opts = ServeOptions(slots=4, max_context=CTX, queue=16, prefill_chunk=32)
     engine = engine_for(model, tok, opts)
-    run = Running(create_app(opts, engine=engine))
+    run = Background(create_app(opts, engine=engine))
     yield run, engine
     run.stop()
     engine.shutdown(grace=5)
@@ -49,7 +49,7 @@ def ref(smollm2: Any) -> KwkDecoder:
 
 
 @pytest.fixture
-def client(server: tuple[Running, Engine]) -> openai.OpenAI:
+def client(server: tuple[Background, Engine]) -> openai.OpenAI:
     return openai.OpenAI(base_url=server[0].url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
@@ -68,7 +68,7 @@ QUESTIONS = ["What is the capital of France?", "Name three colours of the rainbo
              "How many legs does a spider have?", "Give me a tip for sleeping well."]  # fmt: skip
 
 
-def test_models_and_health(client: openai.OpenAI, server: tuple[Running, Engine]) -> None:
+def test_models_and_health(client: openai.OpenAI, server: tuple[Background, Engine]) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
     h = httpx.get(server[0].url + "/health").json()
@@ -276,10 +276,10 @@ def test_full_queue_429_timeout_504_and_graceful_shutdown(smollm2: Any) -> None:
     model, tok = smollm2
     opts = ServeOptions(slots=1, max_context=256, queue=0, shutdown_grace=20)
     engine = engine_for(model, tok, opts)
-    run = Running(create_app(opts, engine=engine))
+    run = Background(create_app(opts, engine=engine))
     # A second app over the same engine whose requests time out after 0.3 s: 200 bf16 tokens of this model
     # read 200 x 269 MB of weights, more than 0.3 s on any CPU.
-    hasty = Running(create_app(ServeOptions(slots=1, max_context=256, queue=0, request_timeout=0.3), engine=engine))
+    hasty = Background(create_app(ServeOptions(slots=1, max_context=256, queue=0, request_timeout=0.3), engine=engine))
     try:
         c = openai.OpenAI(base_url=run.url + "/v1", api_key="none", max_retries=0, timeout=60)
         long = {"model": MODEL, "messages": chat("Tell a story."), "max_tokens": 200, "temperature": 0,

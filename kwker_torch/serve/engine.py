@@ -147,6 +147,14 @@ class Engine:
         with self._cv:
             return self._queued + len(self._running)
 
+    def forget(self) -> None:
+        """Empties every slot's cached text (benchmarks and demos that must read prompts cold). Only while
+        idle: the engine thread touches the decoder only for requests in flight."""
+        with self._cv:
+            if self._queued or self._running or self._inbox:
+                raise RuntimeError("kwker: forget() while requests are in flight")
+            self.dec.reset()
+
     def shutdown(self, grace: float = 30.0) -> None:
         """Takes no new requests; lets those in flight finish for up to ``grace`` seconds, then ends the
         rest with an error, and stops the engine thread."""
