@@ -40,6 +40,7 @@ from bench_decoder import cpu_flags, say  # noqa: E402
 from common import machine, save, stream_triad_gbs, table  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
+SECTIONS = ["throughput", "ttft", "load"]
 PEER_FORMAT = {"preserve": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
 TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "text"
 
@@ -269,7 +270,7 @@ def bench_load(srv: Server, clients: int, seconds: float, requests: int, report:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sections", nargs="+", default=["throughput", "ttft", "load"])
+    ap.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
     ap.add_argument("--precisions", nargs="+", default=["preserve", "int8", "int4"])
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=120)
@@ -303,6 +304,13 @@ def main() -> None:
             srv.close()
     report["triad_end_gbs"] = stream_triad_gbs()
     say(f"STREAM triad at the end {report['triad_end_gbs']:.1f} GB/s")
+    for name in SECTIONS:  # each section notes the run it came from; sections not run now are kept
+        if name in report:
+            report[name].update(command=report["command"], triad_gbs=[triad, report["triad_end_gbs"]])
+    path = Path(__file__).parent / "results" / "serve.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        report.update({k: old[k] for k in SECTIONS if k not in report and k in old})
     print(save("serve", report))
 
 

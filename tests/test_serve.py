@@ -125,11 +125,11 @@ def test_stop_string_across_token_boundaries(client: openai.OpenAI, ref: KwkDeco
     text, _ = reference(ref, tok, ids, 40)
     out = ref.generate(ids, 40, prompt_cache=False).tokens
     pieces = [tok.decode(out[: i + 1], skip_special_tokens=True) for i in range(len(out))]
-    # A stop string that starts inside one token and ends inside a later one.
-    cut = next(i for i in range(5, len(pieces)) if len(pieces[i]) - len(pieces[i - 1]) >= 3)
+    # A stop string that starts inside one token (of 3 to 5 characters) and ends inside a later one.
+    cut = next(i for i in range(5, len(pieces)) if 3 <= len(pieces[i]) - len(pieces[i - 1]) <= 5)
     start = len(pieces[cut - 1]) + 1
     stop = text[start : start + 5]
-    assert len(stop) == 5 and text.find(stop) == start
+    assert len(stop) == 5 and text.find(stop) == start and start + 5 > len(pieces[cut])
     for stream in (False, True):
         kw: dict[str, Any] = dict(model=MODEL, messages=chat(QUESTIONS[4]), temperature=0, max_tokens=40, stop=[stop])
         if stream:
@@ -169,6 +169,7 @@ def test_logprobs_are_the_models(client: openai.OpenAI, ref: KwkDecoder, smollm2
         assert [t.token for t in entry.top_logprobs][0] == entry.token  # greedy: the chosen is the top one
         assert entry.logprob == pytest.approx(float(lsm[i, gen[i]]), abs=2e-3)
         assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+    assert b"".join(bytes(e.bytes) for e in content).decode() == r.choices[0].message.content  # each token's bytes
     c = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=4, temperature=0, logprobs=2)
     lp = c.choices[0].logprobs
     assert "".join(lp.tokens) == c.choices[0].text and lp.text_offset[0] == 0 and len(lp.top_logprobs[0]) == 2
@@ -233,7 +234,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client: ope
         client.chat.completions.create(model="nope", messages=chat("hi"))
 
 
-def test_second_chat_turn_reuses_its_slot(client: openai.OpenAI, ref: KwkDecoder, smollm2: Any) -> None:
+def test_second_chat_turn_reads_only_its_new_tokens(client: openai.OpenAI, ref: KwkDecoder, smollm2: Any) -> None:
     tok = smollm2[1]
     turn1 = [{"role": "system", "content": "You are a helpful assistant who answers briefly."},
              {"role": "user", "content": "Tell me one fact about the ocean."}]  # fmt: skip
@@ -297,13 +298,15 @@ def test_full_queue_429_timeout_504_and_graceful_shutdown(smollm2: Any) -> None:
         # Graceful shutdown: a request in flight finishes; new ones are refused.
         results: list[Any] = []
         t = threading.Thread(target=lambda: results.append(c.chat.completions.create(
-            model=MODEL, messages=chat("Count to ten."), temperature=0, max_tokens=20)))  # fmt: skip
+            model=MODEL, messages=chat("Count to ten."), temperature=0, max_tokens=120,
+            extra_body={"ignore_eos": True})))  # fmt: skip
         t.start()
         while engine.busy == 0:
             time.sleep(0.01)
         engine.shutdown(grace=20)
         t.join()
-        assert results and results[0].choices[0].finish_reason in ("stop", "length")
+        assert results and results[0].choices[0].finish_reason == "length"  # it ran to its end
+        assert results[0].usage.completion_tokens == 120
         r = httpx.post(run.url + "/v1/chat/completions", json={**long, "max_tokens": 2})
         assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
     finally:
@@ -333,3 +336,62 @@ def test_long_prompt_is_read_in_chunks_while_a_stream_keeps_going(server: Any, c
     assert max(p for _, p in mixed) <= 32  # ... at most prefill_chunk tokens per step
     assert r.choices[0].message.content == reference(ref, tok, ids, 8)[0]
     assert len(tok("".join(got) + rest)["input_ids"]) > 250  # the story ran to its end meanwhile
+
+
+def test_one_failing_request_does_not_fail_the_others(server: Any, smollm2: Any) -> None:
+    import queue
+
+    from kwker_torch.serve.engine import Request
+    from kwker_torch.serve.sampling import Sampler, SamplingParams
+    from kwker_torch.serve.text import Detokenizer
+
+    class Broken(Sampler):
+        def choose(self, logits: torch.Tensor) -> Any:
+            raise RuntimeError("no token allowed")
+
+    engine, tok = server[1], smollm2[1]
+    events: queue.Queue[tuple[int, Any]] = queue.Queue()
+    ids = chat_ids(tok, chat(QUESTIONS[0]))[0].tolist()
+    sp = SamplingParams(max_tokens=12, temperature=0)
+    reqs = [Request(ids, sp, cls(sp), lambda ev, i=i: events.put((i, ev)), Detokenizer(tok, ids))
+            for i, cls in enumerate([Broken, Sampler])]  # fmt: skip
+    engine.submit(reqs)
+    ends: dict[int, Any] = {}
+    text = ""
+    while len(ends) < 2:
+        i, ev = events.get(timeout=60)
+        text += ev.text if i == 1 else ""
+        if ev.finish or ev.error:
+            ends[i] = ev
+    assert "no token allowed" in ends[0].error and ends[0].status == 500
+    assert ends[1].error is None and ends[1].finish in ("stop", "length")
+    assert text == httpx.post(server[0].url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": chat(QUESTIONS[0]), "temperature": 0, "max_tokens": 12}).json()[
+        "choices"][0]["message"]["content"]  # fmt: skip
+
+
+def test_disconnected_plain_request_frees_its_slot(server: Any) -> None:
+    run, engine = server
+    body = {"model": MODEL, "messages": chat("Write a long story about a ship."), "max_tokens": 900,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    before = engine.metrics.generated_tokens._value.get()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(run.url + "/v1/chat/completions", json=body, timeout=1.0)  # the client gives up and leaves
+    deadline = time.time() + 30
+    while engine.busy and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.busy == 0
+    assert engine.metrics.generated_tokens._value.get() - before < 600
+
+
+def test_logprobs_zero_nulls_and_every_token_reported(server: Any) -> None:
+    url = server[0].url
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 20,
+                                                  "temperature": 0, "logprobs": 0, "ignore_eos": True,
+                                                  "n": None, "stream": None, "echo": None}).json()  # fmt: skip
+    lp = r["choices"][0]["logprobs"]
+    assert r["usage"]["completion_tokens"] == 20 and len(lp["tokens"]) == 20  # logprobs=0: the chosen ones
+    assert lp["top_logprobs"] == [{}] * 20
+    c = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": chat("Hi"), "max_tokens": 3,
+                                                       "logprobs": None, "stream_options": None}).json()  # fmt: skip
+    assert c["choices"][0]["logprobs"] is None and c["usage"]["completion_tokens"] >= 1

@@ -74,10 +74,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, param = [], None
     for err in exc.errors():
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        top = loc[0] if loc else None  # the request field (not pydantic's path into a union's branch)
         if err.get("type") == "json_invalid":
             return f"the request body is not valid JSON: {err.get('msg')}", None
         where = ".".join(loc) or "body"
-        param = param or where
+        param = param or top
         parts.append(f"{where}: {err.get('msg')}")
     return "invalid request: " + "; ".join(dict.fromkeys(parts)), param
 
@@ -126,10 +127,12 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         return _err(ApiError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> JSONResponse:
         e = state["engine"]
-        return {"status": "ok" if e is not None else "loading", "pid": os.getpid(), "model": name,
-                "slots": opts.slots, "busy": e.busy if e is not None else 0}  # fmt: skip
+        status = "loading" if e is None else "ok" if e.alive else "engine stopped"
+        body = {"status": status, "pid": os.getpid(), "model": name, "slots": opts.slots,
+                "busy": e.busy if e is not None else 0}  # fmt: skip
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -155,14 +158,16 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             raise ApiError(404, f"The model '{model}' does not exist; this server serves '{name}' (GET /v1/models)",
                            "model", "model_not_found")  # fmt: skip
 
-    def params(body: Any, prompt_len: int, max_tokens: int | None, logprobs: bool, top: int) -> SamplingParams:
-        room = opts.max_context - prompt_len
+    def params(e: Engine, body: Any, prompt_len: int, max_tokens: int | None, logprobs: bool, top: int,
+               field: str) -> SamplingParams:  # fmt: skip
+        ctx = e.dec.max_context
+        room = ctx - prompt_len
         if room < 1:
-            raise ApiError(400, f"This model's maximum context length is {opts.max_context} tokens; the prompt has "
+            raise ApiError(400, f"This model's maximum context length is {ctx} tokens; the prompt has "
                            f"{prompt_len}. Shorten the prompt (or start the server with a larger --max-context).",
-                           "messages", "context_length_exceeded")  # fmt: skip
-        if max_tokens is not None and prompt_len + max_tokens > opts.max_context:
-            raise ApiError(400, f"This model's maximum context length is {opts.max_context} tokens; the prompt has "
+                           field, "context_length_exceeded")  # fmt: skip
+        if max_tokens is not None and prompt_len + max_tokens > ctx:
+            raise ApiError(400, f"This model's maximum context length is {ctx} tokens; the prompt has "
                            f"{prompt_len} and max_tokens asks for {max_tokens} more. Lower max_tokens to at most "
                            f"{room}.", "max_tokens", "context_length_exceeded")  # fmt: skip
         return SamplingParams(
@@ -172,14 +177,18 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             logprobs=logprobs, top_logprobs=top, ignore_eos=body.ignore_eos,
         )  # fmt: skip
 
-    def start(e: Engine, prompts: list[list[int]], sp: SamplingParams, body: Any) -> Flight:
+    async def start(e: Engine, prompts: list[list[int]], sp: SamplingParams, body: Any) -> Flight:
         choices = len(prompts) * body.n
-        if choices > opts.slots + opts.queue:
+        if choices > e.dec.max_batch + e.queue_limit:
             raise ApiError(400, f"{choices} choices (n x prompts) are more than this server holds at once "
-                           f"({opts.slots} slots + a queue of {opts.queue})", "n")  # fmt: skip
-        try:
+                           f"({e.dec.max_batch} slots + a queue of {e.queue_limit})", "n")  # fmt: skip
+
+        def compile_all() -> tuple[str | None, list[Any] | None]:  # (off the event loop: it can take a while)
             grammar = e.grammars.compile(body.response_format)
-            matchers = [e.grammars.matcher(grammar) for _ in range(choices)] if grammar else None
+            return grammar, [e.grammars.matcher(grammar) for _ in range(choices)] if grammar else None
+
+        try:
+            grammar, matchers = await asyncio.to_thread(compile_all) if body.response_format else (None, None)
         except GrammarError as err:
             raise ApiError(400, str(err), "response_format") from err
         sp.grammar = grammar
@@ -193,11 +202,16 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
 
     async def respond(request: Request, flight: Flight, body: Any, chat: bool, echo: list[str]) -> Any:
         if body.stream:
-            return StreamingResponse(stream(flight, body, chat, echo), media_type="text/event-stream")
+            count(request.url.path, 200)
+            return _Stream(flight, stream(flight, body, chat, echo), media_type="text/event-stream")
         collect = asyncio.ensure_future(gather(flight))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # (uvicorn gave up on the request at shutdown)
+            flight.cancel()
+            collect.cancel()
+            raise
         finally:
             gone.cancel()
         if not collect.done():  # the client left: free its slots
@@ -214,7 +228,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         choices = []
         for i in range(len(flight.reqs)):
             lp = None
-            if body.logprobs:
+            if body.logprobs is not None and body.logprobs is not False:  # (completions' logprobs=0: chosen only)
                 lp = chat_logprobs(tok, toks[i]) if chat else text_logprobs(tok, toks[i], len(echo[i]) if echo else 0)
             if chat:
                 msg = {"role": "assistant", "content": texts[i], "refusal": None}
@@ -248,7 +262,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
 
         def chunk(i: int, text: str, toks: list[Any], finish: str | None, role: bool = False) -> str:
             lp = None
-            if body.logprobs and toks:
+            if body.logprobs is not None and body.logprobs is not False and toks:
                 lp = chat_logprobs(tok, toks) if chat else text_logprobs(tok, toks, (len(echo[i]) if echo else 0))
             if chat:
                 delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
@@ -301,8 +315,8 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs: true", "top_logprobs")
-        sp = params(body, len(ids), body.max_completion_tokens or body.max_tokens, body.logprobs, top)
-        flight = start(e, [ids], sp, body)
+        sp = params(e, body, len(ids), body.max_completion_tokens or body.max_tokens, body.logprobs, top, "messages")
+        flight = await start(e, [ids], sp, body)
         return await respond(request, flight, body, True, [])
 
     @app.post("/v1/completions")
@@ -330,12 +344,26 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             prompts.append(ids)
             echo.append(item if isinstance(item, str) else e.tok.decode(ids))
         top = body.logprobs or 0
-        sp = params(body, max(len(x) for x in prompts), body.max_tokens, body.logprobs is not None, top)
-        flight = start(e, prompts, sp, body)
+        sp = params(e, body, max(len(x) for x in prompts), body.max_tokens, body.logprobs is not None, top, "prompt")
+        flight = await start(e, prompts, sp, body)
         ech = [echo[i // body.n] for i in range(len(prompts) * body.n)] if body.echo else []
         return await respond(request, flight, body, False, ech)
 
     return app
+
+
+class _Stream(StreamingResponse):
+    """A streamed response that cancels its choices however it ends (the client left, the server gave up)."""
+
+    def __init__(self, flight: Flight, content: Any, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.flight = flight
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.flight.cancel()
 
 
 def _sse(obj: Any) -> str:

@@ -127,7 +127,7 @@ class Engine:
     def submit(self, reqs: list[Request]) -> None:
         """Queues the choices of one request (all or none). Raises QueueFull or Closed."""
         with self._cv:
-            if self._closing:
+            if self._closing or not self._thread.is_alive():
                 raise Closed("the server is shutting down")
             if self._queued + len(reqs) > self.queue_limit + max(self.dec.max_batch - len(self._running), 0):
                 raise QueueFull(f"{self._queued} requests are waiting (the queue holds {self.queue_limit})")
@@ -171,7 +171,20 @@ class Engine:
             self._thread.join(timeout=60)
 
     # ---- engine thread
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running (if it died, requests are refused and /health says so)."""
+        return self._thread.is_alive()
+
     def _loop(self) -> None:
+        try:
+            self._run()
+        finally:
+            with self._cv:
+                self._closing = True
+            self._fail_all("the server's engine stopped", 503)
+
+    def _run(self) -> None:
         while True:
             with self._cv:
                 while not self._inbox and not self._waiting and not self._running and not self._stop:
@@ -190,10 +203,13 @@ class Engine:
                 elif self._waiting:  # only choices waiting on a sibling that is not running: poll
                     time.sleep(0.001)
             except Exception as e:  # noqa: BLE001  (the engine must outlive one failed step)
-                log.exception("kwker serve: a decoder step failed; its requests end with an error")
+                log.exception("kwker serve: a decoder step failed; the requests in it end with an error")
                 for slot, req in list(self._running.items()):
                     self._finish(req, error=f"the decoder failed: {e}")
-                    self.dec.truncate(slot, 0)
+                    try:
+                        self.dec.truncate(slot, 0)
+                    except Exception:  # noqa: BLE001  (a slot that cannot be emptied is only not reused)
+                        log.exception("kwker serve: slot %d could not be emptied", slot)
 
     def _reap(self) -> None:
         now = time.monotonic()
@@ -210,8 +226,17 @@ class Engine:
                 break
             if req.after is not None and not req.after.done and (req.after.slot < 0 or req.after.reading):
                 continue  # read once: wait for the sibling to read the prompt, then copy it
-            prompt = torch.tensor(req.prompt, dtype=torch.int64)
-            slot, held = prompt_cache.seat(self.dec, prompt, free, range(self.dec.max_batch))
+            if len(req.prompt) >= self.dec.max_context:
+                self._finish(req, error=f"the prompt has {len(req.prompt)} tokens; this server's context is "
+                             f"{self.dec.max_context} tokens per request", status=400)  # fmt: skip
+                continue
+            try:
+                prompt = torch.tensor(req.prompt, dtype=torch.int64)
+                slot, held = prompt_cache.seat(self.dec, prompt, free, range(self.dec.max_batch))
+            except Exception as e:  # noqa: BLE001  (this request fails alone)
+                log.exception("kwker serve: a request could not take a slot")
+                self._finish(req, error=f"the request could not take a slot: {e}")
+                continue
             free.remove(slot)
             self._waiting.remove(req)
             self._clock += 1
@@ -254,7 +279,11 @@ class Engine:
         made = 0
         for req, mode, logits in zip(who, modes, rows, strict=True):
             if mode == "last":
-                self._advance(req, logits[0])
+                try:
+                    self._advance(req, logits[0])
+                except Exception as e:  # noqa: BLE001  (e.g. a grammar that allows no token: this request fails alone)
+                    log.exception("kwker serve: choosing a request's next token failed")
+                    self._finish(req, error=f"choosing the next token failed: {e}")
                 made += 1
         self._count_rate(made)
 
@@ -301,6 +330,8 @@ class Engine:
         if req.slot >= 0 and self._running.get(req.slot) is req:
             del self._running[req.slot]
             self.metrics.running.set(len(self._running))
+            self._clock += 1
+            self._used[req.slot] = self._clock  # a conversation that just ended is evicted last
         elif req in self._waiting:
             self._waiting.remove(req)
             with self._cv:
@@ -314,8 +345,9 @@ class Engine:
             text += extra
             if not hit:
                 text += req.stopper.flush()
+        # Without a stop string every token is reported (trailing ones may have no text: skipped specials).
         end = len(req.stopper.text)
-        req.emit(Event(text, [t for t in req._pending if t.offset < end], finish=finish))
+        req.emit(Event(text, [t for t in req._pending if t.offset < end or not hit], finish=finish))
 
     def _fail_all(self, message: str, status: int) -> None:
         for req in [*self._waiting, *self._running.values(), *self._inbox]:

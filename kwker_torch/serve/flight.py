@@ -78,10 +78,32 @@ def _token_text(tok: Any, token: int) -> str:
     return tok.decode([token], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet (printable stand-ins for the 256 bytes), inverted."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+@functools.lru_cache(maxsize=65536)
+def _token_bytes(tok: Any, token: int) -> list[int]:
+    """The token's own bytes (a token may hold part of a UTF-8 character, which its text cannot show)."""
+    piece = tok.convert_ids_to_tokens(token)
+    table = _byte_decoder()
+    if isinstance(piece, str) and piece and all(ch in table for ch in piece):
+        return [table[ch] for ch in piece]
+    return list(_token_text(tok, token).encode())
+
+
 def chat_logprobs(tok: Any, toks: list[TokenOut]) -> dict[str, Any]:
     def entry(t: int, lp: float) -> dict[str, Any]:
-        s = _token_text(tok, t)
-        return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+        return {"token": _token_text(tok, t), "logprob": lp, "bytes": _token_bytes(tok, t)}
 
     return {"content": [{**entry(t.id, t.logprob), "top_logprobs": [entry(i, v) for i, v in t.top]} for t in toks],
             "refusal": None}  # fmt: skip

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _CFG = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(BaseModel):
     model_config = _CFG
-    include_usage: bool = False
+    include_usage: bool | None = False
 
 
 class TextPart(BaseModel):
@@ -45,11 +45,21 @@ class _Sampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=128)
-    stream: bool = False
+    n: int | None = Field(default=1, ge=1, le=128)
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
-    ignore_eos: bool = False  # (vLLM's extension) generate max_tokens tokens, past end-of-sequence: for benchmarks
+    ignore_eos: bool | None = False  # (vLLM's extension) generate max_tokens tokens past end-of-sequence: benchmarks
+
+    @model_validator(mode="after")
+    def _defaults_for_nulls(self) -> _Sampling:
+        """OpenAI's nullable fields: an explicit null means the default."""
+        for name, value in (("n", 1), ("stream", False), ("ignore_eos", False), ("logprobs", None), ("echo", False)):
+            if name in type(self).model_fields and getattr(self, name) is None and value is not None:
+                setattr(self, name, value)
+        if getattr(self, "logprobs", 0) is None and isinstance(self, ChatCompletionRequest):
+            self.logprobs = False
+        return self
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -61,7 +71,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
@@ -69,7 +79,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: bool | None = False
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
