@@ -8,6 +8,9 @@ Sections (``--sections``, default all):
              round by round, per precision (preserve vs BF16, int8 vs Q8_0, int4 vs Q4_0).
   ``ttft``   time to first token of a second chat turn on the warm slot (its first turn cached) against the
              same conversation sent cold (no slot holds it).
+  ``steps``  what bounds ``throughput``: the decoder's own step times, in this process, no HTTP: a decode step
+             of 1 and of 8 sequences (logits of every row) and the 8 x 64-token prompts read in one step, and the
+             concurrent / one-at-a-time ratio they allow: (8 x (64-token prompt + 64 x t1)) / (8 prompts + 64 x t8).
   ``load``   ``--clients`` (64) concurrent streaming chat clients in a loop for ``--seconds`` (120) and at least
              ``--requests`` (10,000) requests: every response checked (finish_reason, [DONE], usage equal to the
              tokens streamed, and the same text every time a prompt repeats: greedy, int8, whose rows do not
@@ -40,7 +43,7 @@ from bench_decoder import cpu_flags, say  # noqa: E402
 from common import machine, save, stream_triad_gbs, table  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
-SECTIONS = ["throughput", "ttft", "load"]
+SECTIONS = ["throughput", "steps", "ttft", "load"]
 PEER_FORMAT = {"preserve": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
 TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "text"
 
@@ -161,7 +164,7 @@ async def first_token(client: httpx.AsyncClient, url: str, messages: list[dict],
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
-    ttft, parts, usage, done = None, [], {}, False
+    ttft, parts, usage, finish, done = None, [], {}, None, False
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -181,10 +184,10 @@ async def first_token(client: httpx.AsyncClient, url: str, messages: list[dict],
                     ttft = ttft if ttft is not None else time.perf_counter() - t0
                     parts.append(piece)
                 if ch.get("finish_reason"):
-                    usage["finish_reason"] = ch["finish_reason"]
+                    finish = ch["finish_reason"]
     if not done:
         raise RuntimeError("the stream ended without [DONE]")
-    return (ttft if ttft is not None else time.perf_counter() - t0), "".join(parts), usage
+    return (ttft if ttft is not None else time.perf_counter() - t0), "".join(parts), {**usage, "finish_reason": finish}
 
 
 def bench_ttft(srv: Server, rounds: int, report: dict) -> None:
@@ -255,7 +258,7 @@ def bench_load(srv: Server, clients: int, seconds: float, requests: int, report:
     rss0 = srv.rss_mb()
     wall = asyncio.run(run())
     rss1 = srv.rss_mb()
-    t = sorted(stats["ttft"])
+    t = sorted(stats["ttft"]) or [float("nan")]
     p50, p99 = t[len(t) // 2], t[int(len(t) * 0.99)]
     n = stats["ok"] + stats["bad"]
     report["load"] = {"clients": clients, "seconds": wall, "requests": n, "ok": stats["ok"], "bad": stats["bad"],
@@ -265,6 +268,38 @@ def bench_load(srv: Server, clients: int, seconds: float, requests: int, report:
                "TTFT p99 ms", "RSS start MB", "RSS end MB"],
               [[clients, n, f"{wall:.0f}", stats["bad"], stats["mismatch"], f"{p50 * 1e3:.0f}", f"{p99 * 1e3:.0f}",
                 f"{rss0:.0f}", f"{rss1:.0f}"]]))  # fmt: skip
+
+
+def bench_steps(precisions: list[str], rounds: int, report: dict) -> None:
+    import torch
+
+    from kwker_torch.decoder import KwkDecoder
+    from kwker_torch.models import load_smollm2
+
+    model = load_smollm2(torch.bfloat16)[0]
+    rows = []
+    for prec in precisions:
+        dec = KwkDecoder.from_hf(model, prec, max_batch=8, max_context=256)
+        prompts = [list(range(1000 + 64 * s, 1064 + 64 * s)) for s in range(8)]
+        t: dict[str, list[float]] = {"prompt1": [], "prompt8": [], "t1": [], "t8": []}
+        for _ in range(rounds):
+            for n in (1, 8):
+                dec.reset()
+                t0 = time.perf_counter()
+                dec.step([(s, prompts[s]) for s in range(n)])
+                t[f"prompt{n}"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                for i in range(64):
+                    dec.step([(s, [prompts[s][i]]) for s in range(n)])
+                t[f"t{n}"].append((time.perf_counter() - t0) / 64)
+        m = {k: statistics.median(v) for k, v in t.items()}
+        ceiling = 8 * (m["prompt1"] + 64 * m["t1"]) / (m["prompt8"] + 64 * m["t8"])
+        report.setdefault("steps", {})[prec] = {**m, "ceiling": ceiling}
+        rows.append([prec, f"{m['t1'] * 1e3:.2f}", f"{m['t8'] * 1e3:.2f}", f"{m['t8'] / m['t1']:.2f}",
+                     f"{m['prompt1'] * 1e3:.0f}", f"{m['prompt8'] * 1e3:.0f}", f"{ceiling:.2f}"])  # fmt: skip
+        del dec
+    say(table(["precision", "1-row step ms", "8-row step ms", "8 / 1", "64-token prompt ms", "8 x 64 prompts ms",
+               "ratio these allow"], rows))  # fmt: skip
 
 
 def main() -> None:
@@ -290,6 +325,8 @@ def main() -> None:
         finally:
             for s in servers.values():
                 s.close()
+    if "steps" in args.sections:
+        bench_steps(args.precisions, args.rounds, report)
     if "ttft" in args.sections:
         srv = Server("preserve")
         try:

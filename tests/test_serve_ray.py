@@ -30,6 +30,8 @@ ray = pytest.importorskip("ray", reason="Ray Serve is not installed: pip install
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ray[serve]'")
 openai = pytest.importorskip("openai", reason="the openai client is not installed: pip install openai")
 
+from tiny_model import tiny_model  # noqa: E402
+
 from kwker_torch.serve.options import ServeOptions  # noqa: E402
 from kwker_torch.serve.ray import REPLICA_HEADER, build, deploy_errors  # noqa: E402
 
@@ -39,37 +41,6 @@ DEPLOY_TIMEOUT = 120.0  # seconds for both replicas to start (about 10 s here)
 # Ray must not reach the internet (usage stats) and the replicas load the model offline.
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def _tiny_model(folder: str) -> str:
-    """A 2-layer random Llama (hidden 128) with a byte-level BPE tokenizer and a ChatML template, saved as a
-    Hugging Face folder."""
-    from tokenizers import Tokenizer, decoders, pre_tokenizers
-    from tokenizers import models as tokenizer_models
-    from transformers import PreTrainedTokenizerFast
-
-    from kwker_torch.models import random_model
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    vocab.update({t: 256 + i for i, t in enumerate(specials)})
-    bpe = Tokenizer(tokenizer_models.BPE(vocab=vocab, merges=[]))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.add_special_tokens(specials)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    model = random_model(
-        "SmolLM2-360M", num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=64, vocab_size=len(vocab), bos_token_id=None,
-        eos_token_id=vocab["<|im_end|>"],
-    )  # fmt: skip
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
 
 
 def _free_port() -> int:
@@ -84,7 +55,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     os.environ.update(ENV)
     try:
         with ThreadPoolExecutor(1) as pool:  # the model is written while Ray starts (mostly its own processes)
-            folder = pool.submit(_tiny_model, str(tmp_path_factory.mktemp(MODEL)))
+            folder = pool.submit(tiny_model, str(tmp_path_factory.mktemp(MODEL)))
             # address="local": a fresh instance, never a cluster `ray start` left running on this machine.
             ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         port = _free_port()
