@@ -224,7 +224,7 @@ def bench_load(srv: Server, clients: int, seconds: float, requests: int, report:
     topics = ["rain", "bread", "rivers", "the moon", "bees", "salt", "clocks", "glass", "maps", "tea"]
     pool = [f"In a few words: what is {t} made of, question {k}?" for k in range(20) for t in topics]
     seen: dict[str, str] = {}
-    stats = {"ok": 0, "bad": 0, "ttft": [], "mismatch": 0, "errors": []}
+    stats = {"ok": 0, "bad": 0, "ttft": [], "mismatch": 0, "errors": [], "rss": []}
 
     async def client(cid: int, end: float) -> None:
         rng = random.Random(cid)
@@ -245,6 +245,8 @@ def bench_load(srv: Server, clients: int, seconds: float, requests: int, report:
                     stats["mismatch"] += 1
                 stats["ok"] += 1
                 stats["ttft"].append(ttft)
+                if stats["ok"] % 500 == 0:  # resident memory along the run: flat, or growing per request
+                    stats["rss"].append((stats["ok"], srv.rss_mb()))
 
     async def run() -> float:
         # Warm up (every prompt once) before measuring memory, so the start RSS holds the slots' pages.
@@ -263,7 +265,8 @@ def bench_load(srv: Server, clients: int, seconds: float, requests: int, report:
     n = stats["ok"] + stats["bad"]
     report["load"] = {"clients": clients, "seconds": wall, "requests": n, "ok": stats["ok"], "bad": stats["bad"],
                       "mismatch": stats["mismatch"], "ttft_p50_s": p50, "ttft_p99_s": p99, "rss_start_mb": rss0,
-                      "rss_end_mb": rss1, "errors": stats["errors"][:5]}  # fmt: skip
+                      "rss_end_mb": rss1, "rss_along": stats["rss"], "errors": stats["errors"][:5]}  # fmt: skip
+    say("RSS along the run (requests: MB): " + ", ".join(f"{n}: {mb:.0f}" for n, mb in stats["rss"]))
     say(table(["clients", "requests", "seconds", "lost / broken", "text differs on repeat", "TTFT p50 ms",
                "TTFT p99 ms", "RSS start MB", "RSS end MB"],
               [[clients, n, f"{wall:.0f}", stats["bad"], stats["mismatch"], f"{p50 * 1e3:.0f}", f"{p99 * 1e3:.0f}",

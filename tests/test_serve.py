@@ -213,6 +213,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client: ope
         ({"model": "gpt-4o", "messages": chat("hi")}, 404, "'gpt-4o' does not exist", "model"),
         ({"model": MODEL, "messages": chat("hi"), "n": 64}, 400, "more than this server holds", "n"),
         ({"model": MODEL, "messages": chat("hi"), "response_format": {"type": "yaml"}}, 400, "yaml", "response_format"),
+        ({"model": MODEL, "messages": chat("hi"), "logit_bias": {"42": 5}}, 400, "logit_bias is not supported",
+         "logit_bias"),
     ]
     for body, status, words, param in cases:
         kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {
@@ -228,7 +230,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client: ope
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
     r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": [], "unknown_field": 1})
     assert r.status_code == 400 and "prompt is empty" in r.json()["error"]["message"]
-    ok = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "whatever": {}})
+    ok = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "whatever": {},
+                                                   "presence_penalty": 0, "logit_bias": {}})  # (defaults: accepted)
     assert ok.status_code == 200  # unknown fields are ignored, as OpenAI does
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=chat("hi"))

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 _CFG = ConfigDict(extra="ignore", strict=True)
+_UNSUPPORTED: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "tools": [],
+                                "functions": [], "best_of": 1, "suffix": ""}  # fmt: skip
 
 
 class StreamOptions(BaseModel):
@@ -50,6 +52,24 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
     ignore_eos: bool | None = False  # (vLLM's extension) generate max_tokens tokens past end-of-sequence: benchmarks
+
+    # OpenAI fields this server does not implement: accepted at their defaults (clients send them), refused
+    # otherwise, so that a request never silently means something else than it says.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty", "logit_bias", "tools", "functions", "best_of", "suffix")
+    @classmethod
+    def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        default = _UNSUPPORTED[info.field_name or ""]
+        if value is not None and value != default:
+            raise ValueError(f"{info.field_name} is not supported by this server; leave it out (or at {default!r})")
+        return value
 
     @model_validator(mode="after")
     def _defaults_for_nulls(self) -> _Sampling:
