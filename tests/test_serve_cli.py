@@ -89,3 +89,45 @@ def test_sigterm_lets_a_stream_finish_then_exits(folder: str) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_random_bad_bodies_get_4xx_in_openai_shape_never_a_crash(folder: str) -> None:
+    """300 requests with fields swapped for values of the wrong type or range (seeded): each answer is a 200
+    or a 4xx in OpenAI's error shape, a stream always ends with [DONE], and the server stays healthy."""
+    import random
+
+    from kwker_torch.serve import ServeOptions, create_app, engine_for
+    from kwker_torch.serve.background import Background
+    from kwker_torch.serve.options import load_model
+
+    opts = ServeOptions(model=folder, served_name="tiny", slots=2, max_context=256, queue=8)
+    model, tok = load_model(opts)
+    engine = engine_for(model, tok, opts)
+    rng = random.Random(5)
+    weird = [None, 0, -1, 1, 2**63, -(2**63), 1e308, -0.0, 0.5, "", "5", "é🐈", [], {}, [1, "a"], {"a": 1}, True,
+             [[1, 2], [3]], "a" * 3000, [0] * 300, 21, 129, {"type": "json_object"}, {"type": "json_schema"},
+             [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], [{"role": "bogus", "content": "x"}]]
+    fields = ["model", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
+              "stream_options", "logprobs", "top_logprobs", "response_format", "echo", "logit_bias", "best_of"]
+    statuses: set[int] = set()
+    try:
+        with Background(create_app(opts, engine=engine)) as srv, httpx.Client(timeout=60) as c:
+            for _ in range(300):
+                chat = rng.random() < 0.5
+                body: dict = {"model": "tiny", "max_tokens": 4, "temperature": 0}
+                body.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})
+                for _ in range(rng.randint(1, 3)):
+                    body[rng.choice(fields)] = rng.choice(weird)
+                path = "/v1/chat/completions" if chat else "/v1/completions"
+                with c.stream("POST", srv.url + path, json=body) as r:
+                    text = r.read().decode()
+                statuses.add(r.status_code)
+                assert r.status_code in (200, 400, 404), (body, text[:300])
+                if r.status_code != 200:
+                    assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}
+                elif body.get("stream") is True:
+                    assert text.rstrip().endswith("data: [DONE]"), (body, text[-300:])
+            assert httpx.get(srv.url + "/health").json()["busy"] == 0
+    finally:
+        engine.shutdown(grace=5)
+    assert {200, 400} <= statuses  # both kinds were exercised
