@@ -29,7 +29,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,16 +41,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decoder import cpu_flags, say  # noqa: E402
 from common import machine, save, stream_triad_gbs, table  # noqa: E402
 
+from kwker_torch.serve.background import free_port  # noqa: E402
+
 MODEL = "SmolLM2-135M-Instruct"
 SECTIONS = ["throughput", "steps", "ttft", "load"]
 PEER_FORMAT = {"preserve": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
 TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "text"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ openai = pytest.importorskip("openai", reason="the openai client is not installe
 
 from tiny_model import tiny_model  # noqa: E402
 
+from kwker_torch.serve.background import free_port  # noqa: E402
 from kwker_torch.serve.options import ServeOptions  # noqa: E402
 from kwker_torch.serve.ray import REPLICA_HEADER, build, deploy_errors  # noqa: E402
 
@@ -43,12 +43,6 @@ ENV = {"RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFL
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     saved = {k: os.environ.get(k) for k in ENV}
@@ -58,7 +52,7 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             folder = pool.submit(tiny_model, str(tmp_path_factory.mktemp(MODEL)))
             # address="local": a fresh instance, never a cluster `ray start` left running on this machine.
             ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         opts = ServeOptions(model=folder.result(), served_name=MODEL, slots=2, max_context=256, queue=4)
         app = build(opts, replicas=2, num_cpus=1, name=APP)

@@ -146,17 +146,15 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str) -> dict[str, Any]:
-        if model_id != name:
-            raise ApiError(404, f"The model '{model_id}' does not exist; this server serves '{name}'",
-                           "model", "model_not_found")  # fmt: skip
-        return model_card()
-
     def check_model(model: str) -> None:
         if model != name:
             raise ApiError(404, f"The model '{model}' does not exist; this server serves '{name}' (GET /v1/models)",
                            "model", "model_not_found")  # fmt: skip
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        check_model(model_id)
+        return model_card()
 
     def params(e: Engine, body: Any, prompt_len: int, max_tokens: int | None, logprobs: bool, top: int,
                field: str) -> SamplingParams:  # fmt: skip

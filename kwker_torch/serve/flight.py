@@ -8,6 +8,7 @@ Choice ``index`` is ``prompt_index * n + j`` (OpenAI's numbering for several pro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 import uuid
@@ -32,7 +33,7 @@ class Flight:
             for j in range(n):
                 idx = p * n + j
                 seed = None if params.seed is None else params.seed + j
-                sp = SamplingParams(**{**params.__dict__, "seed": seed})
+                sp = dataclasses.replace(params, seed=seed)
                 sampler = Sampler(sp, matchers[idx] if matchers else None)
                 req = Request(prompt, sp, sampler, functools.partial(self._emit, idx), Detokenizer(engine.tok, prompt),
                               after=leader, deadline=deadline)  # fmt: skip

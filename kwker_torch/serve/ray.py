@@ -77,7 +77,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "(or use the single-process server, python -m kwker_torch.serve)"
     ) from e
 
-from .options import ServeOptions
+from .options import ServeOptions, add_flags, from_flags
 
 DEFAULT_APP_FACTORY = "kwker_torch.serve.app:create_app"
 DEFAULT_APP_NAME = "kwker"
@@ -241,14 +241,7 @@ def deploy_errors(name: str = DEFAULT_APP_NAME) -> str:
 # Command line
 
 
-def _field_type(field: dataclasses.Field[Any]) -> Callable[[str], Any]:
-    annotation = str(field.type)
-    for name, kind in (("bool", bool), ("int", int), ("float", float)):
-        if annotation.split("|")[0].strip() == name:
-            return kind
-    return str
-
-
+# Where the ray command's flags mean something else than python -m kwker_torch.serve's.
 OPTION_HELP = {
     "host": "where Ray Serve's proxy listens (0.0.0.0: every interface, for other machines)",
     "port": "Ray Serve's proxy port (the same on every machine that runs a proxy)",
@@ -257,25 +250,9 @@ OPTION_HELP = {
 
 
 def add_option_flags(parser: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
-    """One flag per ServeOptions field (``--max-context`` for ``max_context``), default from the dataclass."""
+    """The server's flags (``options.add_flags``), in a group of their own."""
     group = parser.add_argument_group("server options", "as for python -m kwker_torch.serve (see its --help)")
-    for field in dataclasses.fields(ServeOptions):
-        if field.name in skip:
-            continue
-        kind = _field_type(field)
-        flag = "--" + field.name.replace("_", "-")
-        extra = {"help": OPTION_HELP[field.name]} if field.name in OPTION_HELP else {}
-        if kind is bool:
-            group.add_argument(
-                flag, dest=field.name, action=argparse.BooleanOptionalAction, default=field.default, **extra
-            )
-        else:
-            group.add_argument(flag, dest=field.name, type=kind, default=field.default, **extra)
-
-
-def options_from_args(args: argparse.Namespace) -> ServeOptions:
-    names = {f.name for f in dataclasses.fields(ServeOptions)}
-    return ServeOptions(**{k: v for k, v in vars(args).items() if k in names}).check()
+    add_flags(group, skip, OPTION_HELP)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -344,7 +321,7 @@ def _raise_interrupt(signum: int, frame: types.FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
-        opts = options_from_args(args)
+        opts = from_flags(args)
         app = build(
             opts,
             args.replicas,
@@ -405,7 +382,7 @@ def app_builder(args: dict[str, str]) -> serve.Application:
     argv = [item for key, value in args.items() for item in ("--" + key.replace("_", "-"), str(value))]
     ns = parser().parse_args(argv)
     return build(
-        options_from_args(ns),
+        from_flags(ns),
         ns.replicas,
         _autoscaling(ns),
         num_cpus=ns.num_cpus,
