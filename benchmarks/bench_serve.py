@@ -11,6 +11,9 @@ Sections (``--sections``, default all):
   ``steps``  what bounds ``throughput``: the decoder's own step times, in this process, no HTTP: a decode step
              of 1 and of 8 sequences (logits of every row) and the 8 x 64-token prompts read in one step, and the
              concurrent / one-at-a-time ratio they allow: (8 x (64-token prompt + 64 x t1)) / (8 prompts + 64 x t8).
+  ``lookup`` one request at a time, greedy, 128 tokens: a chat asking to repeat a passage of Austen (quoting)
+             and a free story, on a server with ``--prompt-lookup 8`` (the default) and one with 0, interleaved;
+             tokens/s of each and whether the texts are equal.
   ``load``   ``--clients`` (64) concurrent streaming chat clients in a loop for ``--seconds`` (120) and at least
              ``--requests`` (10,000) requests: every response checked (finish_reason, [DONE], usage equal to the
              tokens streamed, and the same text every time a prompt repeats: greedy, int8, whose rows do not
@@ -44,7 +47,7 @@ from common import machine, save, stream_triad_gbs, table  # noqa: E402
 from kwker_torch.serve.background import free_port  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
-SECTIONS = ["throughput", "steps", "ttft", "load"]
+SECTIONS = ["throughput", "steps", "lookup", "ttft", "load"]
 PEER_FORMAT = {"preserve": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
 TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "text"
 
@@ -268,6 +271,49 @@ def bench_load(srv: Server, clients: int, seconds: float, requests: int, report:
                 f"{rss0:.0f}", f"{rss1:.0f}"]]))  # fmt: skip
 
 
+def bench_lookup(rounds: int, report: dict) -> None:
+    text = sorted(TEXTS.glob("*.txt"))[-1].read_text()
+    servers = {"lookup 8": Server("preserve", extra=["--prompt-lookup", "8"]),
+               "lookup 0": Server("preserve", extra=["--prompt-lookup", "0"])}  # fmt: skip
+    res: dict[str, dict[str, list[float]]] = {}
+    texts: dict[str, dict[str, str]] = {}
+
+    async def one(url: str, messages: list[dict]) -> tuple[float, str]:
+        async with httpx.AsyncClient(timeout=600) as c:
+            t0 = time.perf_counter()
+            r = await c.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": messages,
+                                                                 "max_tokens": 128, "temperature": 0})  # fmt: skip
+            r.raise_for_status()
+            body = r.json()
+            return body["usage"]["completion_tokens"] / (time.perf_counter() - t0), body["choices"][0]["message"][
+                "content"]  # fmt: skip
+
+    try:
+        for r in range(rounds):
+            passage = text[20000 + 3000 * r : 20000 + 3000 * r + 700]
+            subject = ["fox", "ship", "clock"][r % 3]
+            prompts = {"quoting": [{"role": "user", "content": f"Repeat this passage exactly:\n\n{passage}"}],
+                       "free story": [{"role": "user", "content": f"Write a short story about a {subject}."}]}
+            for kind, msgs in prompts.items():
+                for name, srv in servers.items():
+                    rate, out = asyncio.run(one(srv.url, msgs))
+                    res.setdefault(kind, {}).setdefault(name, []).append(rate)
+                    texts.setdefault(f"{kind} {r}", {})[name] = out
+                say(f"  round {r + 1} {kind}: " + ", ".join(f"{n} {v[-1]:.1f} tok/s" for n, v in res[kind].items()))
+    finally:
+        for srv in servers.values():
+            srv.close()
+    rows = []
+    for kind, d in res.items():
+        m = {n: statistics.median(v) for n, v in d.items()}
+        same = all(len(set(t.values())) == 1 for k, t in texts.items() if k.startswith(kind))
+        rows.append([kind, f"{m['lookup 8']:.1f}", f"{m['lookup 0']:.1f}", f"{m['lookup 8'] / m['lookup 0']:.2f}",
+                     "yes" if same else "NO"])  # fmt: skip
+        report.setdefault("lookup", {})[kind] = {**m, "same_text": same, "rounds": d}
+    say(table(["request (alone, greedy, 128 tokens)", "--prompt-lookup 8 tok/s", "--prompt-lookup 0 tok/s",
+               "ratio", "same text"], rows))  # fmt: skip
+
+
 def bench_steps(precisions: list[str], rounds: int, report: dict) -> None:
     import torch
 
@@ -325,6 +371,8 @@ def main() -> None:
                 s.close()
     if "steps" in args.sections:
         bench_steps(args.precisions, args.rounds, report)
+    if "lookup" in args.sections:
+        bench_lookup(args.rounds, report)
     if "ttft" in args.sections:
         srv = Server("preserve")
         try:

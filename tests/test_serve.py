@@ -398,3 +398,27 @@ def test_logprobs_zero_nulls_and_every_token_reported(server: Any) -> None:
     c = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": chat("Hi"), "max_tokens": 3,
                                                        "logprobs": None, "stream_options": None}).json()  # fmt: skip
     assert c["choices"][0]["logprobs"] is None and c["usage"]["completion_tokens"] >= 1
+
+
+def test_prompt_lookup_keeps_the_text_and_drafts_when_quoting(client: openai.OpenAI, server: Any, ref: KwkDecoder,
+                                                              smollm2: Any) -> None:  # fmt: skip
+    tok, engine = smollm2[1], server[1]
+    passage = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be "
+               "in want of a wife. However little known the feelings or views of such a man may be on his first "
+               "entering a neighbourhood, this truth is so well fixed in the minds of the surrounding families.")
+    q = f"Repeat this passage exactly:\n\n{passage}"
+    ids = chat_ids(tok, chat(q))[0].tolist()
+    out = ref.generate(ids, 60, prompt_cache=False, prompt_lookup=0)  # plain one-token steps
+    expect = tok.decode(out.tokens[:-1] if out.finish_reason == "stop" else out.tokens, skip_special_tokens=True)
+    drafted, accepted = engine.drafted, engine.accepted
+    for stream in (False, True):  # alone on the server: prompt lookup drafts
+        r = client.chat.completions.create(model=MODEL, messages=chat(q), temperature=0, max_tokens=60,
+                                           stream=stream, logprobs=True)  # fmt: skip
+        if stream:
+            got = "".join(c.choices[0].delta.content or "" for c in r)
+        else:
+            got = r.choices[0].message.content
+            assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens - (r.choices[0].finish_reason
+                                                                                      == "stop")  # fmt: skip
+        assert got == expect
+    assert engine.drafted > drafted and engine.accepted - accepted > 20  # drafts were verified and kept

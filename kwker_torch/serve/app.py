@@ -63,7 +63,7 @@ def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None
     if tok.eos_token_id is not None and tok.eos_token_id not in eos:
         eos.append(int(tok.eos_token_id))
     return Engine(dec, tok, eos=eos, queue=opts.queue, prefill_chunk=opts.prefill_chunk, metrics=metrics,
-                  grammars=Grammars(tok, dec.vocab_size)).start()  # fmt: skip
+                  grammars=Grammars(tok, dec.vocab_size), prompt_lookup=opts.prompt_lookup).start()  # fmt: skip
 
 
 def _err(e: ApiError) -> JSONResponse:

@@ -13,8 +13,16 @@ continues (the next chat turn), else the least recently used one, into which the
 prompt that any slot holds is copied (a shared system prompt; ``prompt_cache.seat``). Choices 2..n of
 one request wait until choice 1 has read the prompt, then copy it.
 
+Prompt lookup (``prompt_lookup`` drafts, as ``KwkDecoder.generate``): while at most ``LOOKUP_SEQS`` requests
+are generating, a greedy request's step also feeds the tokens that followed the latest earlier occurrence
+of its last 3 (or 2) tokens (lookup.py), and keeps those the model itself chooses; the rejected ones are
+truncated off its slot. Per request, ``speculative.Planner`` sizes the drafts from the measured acceptance
+and step times and pauses after failures. With more requests in flight a step is bound by arithmetic and
+extra rows would slow every stream, so none are drafted.
+
 Exactness: every row of a step is computed as if alone (the decoder's rows do not mix), so a greedy
-request gets the tokens ``KwkDecoder.generate`` gives it alone, whatever else is in flight (tested).
+request gets the tokens ``KwkDecoder.generate`` gives it alone, whatever else is in flight (tested); with
+drafts a token is kept only where it is the model's own choice, so the text is the same.
 
 Threads: ``submit``/``cancel``/``shutdown`` may be called from any thread; only the engine thread calls
 the decoder. A client that disconnects cancels its request, which frees its slot at the next step.
@@ -33,7 +41,9 @@ from typing import Any
 import torch
 
 from .. import prompt_cache
-from ..decoder import KwkDecoder
+from ..decoder import PROMPT_LOOKUP, KwkDecoder
+from ..speculative import Planner
+from .lookup import propose
 from .metrics import Metrics
 from .sampling import Sampler, SamplingParams, TokenOut
 from .text import Detokenizer, StopMatcher
@@ -42,6 +52,8 @@ log = logging.getLogger("kwker.serve")
 
 # With nothing generating, nothing can stall: prompts are read in chunks this large instead.
 IDLE_CHUNK = 512
+# Prompt lookup drafts only while this few requests are generating (beyond, a step is bound by arithmetic).
+LOOKUP_SEQS = 2
 
 
 class QueueFull(RuntimeError):
@@ -88,6 +100,8 @@ class Request:
         self.n_generated = 0  # tokens the model chose, a stop token included (usage.completion_tokens)
         self.done = False
         self._pending: list[TokenOut] = []  # tokens whose text is not released yet
+        self.drafts: list[int] = []  # prompt-lookup tokens fed after out[-1] in the current step
+        self.planner: Planner | None = None
 
     @property
     def reading(self) -> bool:
@@ -96,7 +110,8 @@ class Request:
 
 class Engine:
     def __init__(self, dec: KwkDecoder, tokenizer: Any, *, eos: list[int], queue: int = 64, prefill_chunk: int = 64,
-                 metrics: Metrics | None = None, grammars: Any = None) -> None:  # fmt: skip
+                 metrics: Metrics | None = None, grammars: Any = None,
+                 prompt_lookup: int = PROMPT_LOOKUP) -> None:  # fmt: skip
         self.dec = dec
         self.tok = tokenizer
         self.grammars = grammars  # grammar.Grammars of this tokenizer (response_format)
@@ -105,6 +120,8 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.metrics = metrics or Metrics()
         self.steps = 0  # decoder steps run (tests read it)
+        self.prompt_lookup = prompt_lookup
+        self.drafted = self.accepted = 0  # prompt-lookup tokens proposed and kept
         self.max_rows = 0  # most sequences seen in one step
         self.trace: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)  # (decode rows, prompt tokens)
         self._cv = threading.Condition()
@@ -254,11 +271,13 @@ class Engine:
         seqs: list[tuple[int, list[int]]] = []
         modes: list[str] = []
         who: list[Request] = []
-        for req in self._running.values():
-            if not req.reading:
-                seqs.append((req.slot, [req.out[-1]]))
-                modes.append("last")
-                who.append(req)
+        generating = [r for r in self._running.values() if not r.reading]
+        lookup = self.prompt_lookup > 0 and len(generating) <= LOOKUP_SEQS
+        for req in generating:
+            req.drafts = self._drafts(req) if lookup else []
+            seqs.append((req.slot, [req.out[-1], *req.drafts]))
+            modes.append("all" if req.drafts else "last")
+            who.append(req)
         decoding = len(seqs)
         budget = self.prefill_chunk if seqs else IDLE_CHUNK
         for req in self._running.values():
@@ -271,21 +290,58 @@ class Engine:
                 who.append(req)
         t0 = time.perf_counter()
         rows = self.dec.step(seqs, logits=modes)
-        self.metrics.step_seconds.observe(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self.metrics.step_seconds.observe(took)
         self.metrics.batch_size.observe(len(seqs))
         self.steps += 1
         self.max_rows = max(self.max_rows, len(seqs))
         self.trace.append((decoding, sum(len(t) for _, t in seqs[decoding:])))
         made = 0
+        n_rows = sum(len(t) for _, t in seqs)
         for req, mode, logits in zip(who, modes, rows, strict=True):
-            if mode == "last":
+            if mode != "none":
+                before = len(req.out)
                 try:
-                    self._advance(req, logits[0])
+                    if req.drafts:
+                        self._verify(req, logits, n_rows, took)
+                    else:
+                        if req.planner is not None:
+                            req.planner.record(0, 0, None, n_rows, took)
+                        self._advance(req, logits[0])
                 except Exception as e:  # noqa: BLE001  (e.g. a grammar that allows no token: this request fails alone)
                     log.exception("kwker serve: choosing a request's next token failed")
                     self._finish(req, error=f"choosing the next token failed: {e}")
-                made += 1
+                made += max(len(req.out) - before, 1)
         self._count_rate(made)
+
+    def _drafts(self, req: Request) -> list[int]:
+        """Prompt-lookup drafts for a greedy request without a grammar (sampled text keeps its own rule)."""
+        if req.sampler.gen is not None or req.sampler.matcher is not None:
+            return []
+        if req.planner is None:
+            req.planner = Planner(self.prompt_lookup)
+        room = min(req.params.max_tokens - len(req.out), self.dec.max_context - len(req.prompt) - len(req.out)) - 1
+        k = req.planner.choose(room)
+        return propose(req.prompt + req.out, k) if k > 0 else []
+
+    def _verify(self, req: Request, logits: torch.Tensor, rows: int, took: float) -> None:
+        """Keeps the drafts the model itself chooses, then one token of its own (from the first row whose
+        input it agrees with), and truncates the rejected drafts off the slot."""
+        drafts, held = req.drafts, len(req.prompt) + len(req.out)  # (the slot held held - 1 before the step)
+        kept = 0
+        for j in range(len(drafts) + 1):
+            self._advance(req, logits[j])
+            if req.done or j == len(drafts) or req.out[-1] != drafts[j]:
+                break
+            kept += 1
+        if kept < len(drafts):
+            self.dec.truncate(req.slot, held + kept)
+        self.drafted += len(drafts)
+        self.accepted += kept
+        self.metrics.draft_tokens.inc(len(drafts))
+        self.metrics.accepted_tokens.inc(kept)
+        if req.planner is not None:
+            req.planner.record(len(drafts), kept, 0.0, rows, took)
 
     def _advance(self, req: Request, logits: torch.Tensor) -> None:
         tok, lp, top = req.sampler.choose(logits)

@@ -19,6 +19,8 @@ class Metrics:
         self.cached_tokens = Counter("kwker_cached_prompt_tokens", "Prompt tokens a slot already held (not read)",
                                      registry=r)  # fmt: skip
         self.generated_tokens = Counter("kwker_generated_tokens", "Tokens generated", registry=r)
+        self.draft_tokens = Counter("kwker_draft_tokens", "Prompt-lookup tokens proposed", registry=r)
+        self.accepted_tokens = Counter("kwker_draft_accepted_tokens", "Prompt-lookup tokens kept", registry=r)
         self.queue_depth = Gauge("kwker_queue_depth", "Requests waiting for a slot", registry=r)
         self.running = Gauge("kwker_running_requests", "Requests holding a slot", registry=r)
         self.batch_size = Histogram("kwker_batch_size", "Sequences per decoder step", registry=r,

@@ -27,6 +27,7 @@ class ServeOptions:
     max_context: int = 2048  # tokens per slot: prompt + completion
     queue: int = 64  # requests waiting for a slot beyond those running; more are answered 429
     prefill_chunk: int = 64  # prompt tokens read per step (across requests), between decode steps
+    prompt_lookup: int = 8  # most prompt-lookup drafts per step for a greedy request at low load (0: off)
     request_timeout: float = 600.0  # seconds from arrival to the last token; then the request ends with an error
     threads: int = 0  # kernel threads (0: torch's intra-op threads)
     served_name: str | None = None  # model id clients name (default: the folder name, or SmolLM2-135M-Instruct)
@@ -41,6 +42,8 @@ class ServeOptions:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+        if not isinstance(self.prompt_lookup, int) or self.prompt_lookup < 0:
+            raise ValueError(f"--prompt-lookup must be an integer >= 0 (0 = off), got {self.prompt_lookup!r}")
         if not isinstance(self.queue, int) or self.queue < 0:
             raise ValueError(f"--queue must be an integer >= 0, got {self.queue!r}")
         if not self.request_timeout > 0:
@@ -63,6 +66,8 @@ FLAG_HELP = {
     "max_context": "tokens per request (prompt + completion)",
     "queue": "requests that may wait for a slot; beyond it, 429 with Retry-After",
     "prefill_chunk": "prompt tokens read per step while other requests are generating",
+    "prompt_lookup": "most draft tokens per step copied from a greedy request's own text (speculative decoding "
+    "while few requests run; the text is the same); 0 turns it off",
     "request_timeout": "seconds a request may take, waiting included (then 504)",
     "threads": "kernel threads (0: torch's intra-op threads)",
     "served_name": "model id clients pass as 'model' (default: the model folder's name)",
