@@ -62,13 +62,9 @@ class Flight:
                 self.engine.cancel(r)
 
     def usage(self) -> dict[str, Any]:
-        seen: set[int] = set()
-        prompt = cached = 0
-        for r in self.reqs:
-            if r.after is None and id(r) not in seen:  # each prompt counted once, whatever n is
-                seen.add(id(r))
-                prompt += len(r.prompt)
-                cached += r.cached
+        leaders = [r for r in self.reqs if r.after is None]  # choice 0 of each prompt: a prompt counts once
+        prompt = sum(len(r.prompt) for r in leaders)
+        cached = sum(r.cached for r in leaders)
         done = sum(r.n_generated for r in self.reqs)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
