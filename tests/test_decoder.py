@@ -213,12 +213,15 @@ def test_float32_weights_that_are_not_bf16_stay_float32() -> None:
 
 
 def test_unsupported_models_and_config_fields_are_named() -> None:
-    with pytest.raises(ValueError, match="does not support GPT2LMHeadModel \\(model_type='gpt2'\\)"):
-        KwkDecoder.from_hf(random_model("GPT-2", torch.float32, num_hidden_layers=1))
-    with pytest.raises(ValueError, match="hidden_act='gelu' is not supported"):
-        KwkDecoder.from_hf(random_model("SmolLM2-360M", num_hidden_layers=1, hidden_act="gelu"))
+    from transformers import BloomConfig, BloomForCausalLM
+
+    bloom = BloomForCausalLM(BloomConfig(hidden_size=64, n_layer=1, n_head=2, vocab_size=128))
+    with pytest.raises(ValueError, match="does not run BloomForCausalLM \\(model_type='bloom'\\).*torch.compile"):
+        KwkDecoder.from_hf(bloom)
+    with pytest.raises(ValueError, match="hidden_act='gelu_fast': activation 'gelu_fast' is not supported"):
+        KwkDecoder.from_hf(random_model("SmolLM2-360M", num_hidden_layers=1, hidden_act="gelu_fast"))
     dyn = random_model("SmolLM2-360M", num_hidden_layers=1, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
-    with pytest.raises(ValueError, match="rope_type='dynamic' changes the rotary frequencies"):
+    with pytest.raises(ValueError, match="rope_type 'dynamic' changes the rotary frequencies"):
         KwkDecoder.from_hf(dyn)
     with pytest.raises(ValueError, match="holds torch.float16 weights; KwkDecoder takes float32 or bfloat16"):
         KwkDecoder.from_hf(random_model("SmolLM2-360M", num_hidden_layers=1).half())

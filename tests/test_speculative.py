@@ -148,7 +148,7 @@ def test_draft_model_gives_the_targets_greedy_text(real_decoders: dict, smollm2:
 
 
 def test_draft_acceptance_rule_keeps_the_target_distribution() -> None:
-    from kwker_torch.speculative import verify_sampled
+    from kwker_torch.decoder.speculative import verify_sampled
 
     p = torch.tensor([0.1, 0.6, 0.3, 0.0], dtype=torch.float64)
     q = torch.tensor([0.5, 0.2, 0.1, 0.2], dtype=torch.float64)

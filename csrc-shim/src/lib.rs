@@ -15,7 +15,10 @@ compile_error!(
 
 mod attention_ffi;
 mod config;
-mod decoder_ffi;
+mod decoder_build_ffi;
+mod decoder_handle;
+mod decoder_io_ffi;
+mod decoder_step_ffi;
 mod error;
 mod exec_ffi;
 mod linear_ffi;
@@ -25,12 +28,17 @@ pub use attention_ffi::kwker_decode_attention;
 pub use config::{
     kwker_isa_name, kwker_isa_supported, kwker_num_threads, kwker_set_isa, kwker_set_num_threads,
 };
-pub use decoder_ffi::{
-    kwker_decoder_build, kwker_decoder_builder, kwker_decoder_builder_free,
-    kwker_decoder_copy_prefix, kwker_decoder_free, kwker_decoder_generate,
-    kwker_decoder_pool_stalls, kwker_decoder_set, kwker_decoder_set_position,
-    kwker_decoder_slot_len, kwker_decoder_slot_tokens, kwker_decoder_step, kwker_decoder_truncate,
-    kwker_decoder_weight_bytes,
+pub use decoder_build_ffi::{
+    kwker_decoder_abi, kwker_decoder_build, kwker_decoder_builder, kwker_decoder_builder_free,
+    kwker_decoder_free, kwker_decoder_set, kwker_decoder_set_packed, kwker_recipe_tensors,
+};
+pub use decoder_io_ffi::{
+    kwker_decoder_describe, kwker_decoder_export, kwker_decoder_weight_bytes,
+};
+pub use decoder_step_ffi::{
+    kwker_decoder_copy_prefix, kwker_decoder_generate, kwker_decoder_pool_stalls,
+    kwker_decoder_set_position, kwker_decoder_slot_len, kwker_decoder_slot_tokens,
+    kwker_decoder_step, kwker_decoder_truncate,
 };
 pub use exec_ffi::{kwker_plan_free, kwker_plan_new, kwker_plan_run};
 pub use linear_ffi::kwker_linear;

@@ -53,13 +53,13 @@ def build_engine(opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
 def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
     """A started engine over a KwkDecoder of ``model`` with ``opts.slots`` slots (the model is not kept)."""
     from .. import _native
-    from ..decoder import KwkDecoder, _eos_ids
+    from ..decoder import KwkDecoder, eos_ids
 
     opts.check()
     if opts.threads:
         _native.set_num_threads(opts.threads)
     dec = KwkDecoder.from_hf(model, opts.precision, max_batch=opts.slots, max_context=opts.max_context)
-    eos = _eos_ids(model)
+    eos = eos_ids(model)
     if tok.eos_token_id is not None and tok.eos_token_id not in eos:
         eos.append(int(tok.eos_token_id))
     return Engine(dec, tok, eos=eos, queue=opts.queue, prefill_chunk=opts.prefill_chunk, metrics=metrics,

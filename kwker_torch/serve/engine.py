@@ -40,9 +40,8 @@ from typing import Any
 
 import torch
 
-from .. import prompt_cache
-from ..decoder import PROMPT_LOOKUP, KwkDecoder
-from ..speculative import Planner
+from ..decoder import PROMPT_LOOKUP, KwkDecoder, prompt_cache
+from ..decoder.speculative import Planner
 from .lookup import propose
 from .metrics import Metrics
 from .sampling import Sampler, SamplingParams, TokenOut

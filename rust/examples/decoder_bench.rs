@@ -9,8 +9,11 @@
 use std::time::Instant;
 
 use kwker_kernels::bf16::f32_to_bf16;
-use kwker_kernels::decoder::builder::{Builder, Data, Kind, Store};
-use kwker_kernels::decoder::config::Config;
+use kwker_kernels::decoder::builder::{Builder, Data, Store};
+use kwker_kernels::decoder::recipe::{
+    Act, Biases, Block, LayerSpec, Limits, Mlp, Norm, NormKind, Placement, Positions, Recipe, Rope,
+};
+use kwker_kernels::decoder::tensors::Tensor;
 use kwker_kernels::decoder::weights::Mat;
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
 use kwker_kernels::isa;
@@ -78,77 +81,96 @@ fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
         .collect()
 }
 
-fn build(s: &Shape, format: Option<Format>) -> Decoder {
-    let d = 64;
-    let cfg = Config {
+/// A Llama-shaped recipe (RMSNorm, pre-norm, SwiGLU, full rotary, tied embeddings).
+fn recipe(s: &Shape, d: usize) -> Recipe {
+    Recipe {
         vocab: s.vocab,
         hidden: s.hidden,
+        embed_dim: s.hidden,
         layers: s.layers,
         heads: s.heads,
         kv_heads: s.kv,
         head_dim: d,
         intermediate: s.inter,
-        rms_eps: 1e-5,
-        attn_scale: 0.125,
-        inv_freq: (0..d / 2)
-            .map(|i| 1e4f32.powf(-((2 * i) as f32) / d as f32))
-            .collect(),
-        rope_scale: 1.0,
-        sliding_window: None,
+        norm: Norm {
+            kind: NormKind::Rms,
+            eps: 1e-5,
+            weight: true,
+            bias: false,
+        },
+        placement: Placement::Pre,
+        block: Block::Sequential,
+        mlp: Mlp {
+            gated: true,
+            act: Act::Silu,
+        },
+        bias: Biases::default(),
+        qk_norm: None,
+        clip_qkv: None,
+        attn_softcap: None,
+        final_softcap: None,
+        embed_scale: 1.0,
+        residual_scale: 1.0,
+        logit_divisor: 1.0,
+        final_norm: true,
         tied_embeddings: true,
+        positions: Positions::Rotary {
+            ropes: vec![Rope {
+                inv_freq: (0..d / 2)
+                    .map(|i| 1e4f32.powf(-((2 * i) as f32) / d as f32))
+                    .collect(),
+                scale: 1.0,
+                long: None,
+            }],
+        },
+        layer_specs: vec![
+            LayerSpec {
+                window: None,
+                rope: 0,
+                attn_scale: (d as f32).powf(-0.5),
+            };
+            s.layers
+        ],
+    }
+}
+
+fn build(s: &Shape, format: Option<Format>) -> Decoder {
+    let d = 64;
+    let limits = Limits {
         slots: 8,
         max_context: 1024,
         chunk_rows: 512,
     };
-    let mut b = Builder::new(cfg).unwrap();
+    let mut b = Builder::new(recipe(s, d), limits).unwrap();
     b.set_threads(std::thread::available_parallelism().map_or(1, |n| n.get()));
     let h = s.hidden;
     let qkv = (s.heads + 2 * s.kv) * d;
-    let ones = vec![1.0f32; h.max(2 * s.inter)];
+    let ones = vec![1.0f32; h];
     let mut seed = 1;
-    let mut mat = |b: &mut Builder, kind: Kind, l: usize, rows: usize, cols: usize| {
+    let mut mat = |b: &mut Builder, t: Tensor, l: usize, rows: usize, cols: usize| {
         seed += 1;
         let w = random_bf16(rows * cols, seed);
-        let store = match (kind, format) {
+        let store = match (t, format) {
             (_, None) => Store::AsGiven,
-            (Kind::Embed, Some(_)) => Store::Quant(Format::Q8, None),
+            (Tensor::Embed, Some(_)) => Store::Quant(Format::Q8, None),
             (_, Some(f)) => Store::Quant(f, None),
         };
-        b.set(kind, l, Data::Bf16(&w), rows, cols, store).unwrap();
+        b.set(t.spec().name, l, Data::Bf16(&w), rows, cols, store)
+            .unwrap();
     };
-    mat(&mut b, Kind::Embed, 0, s.vocab, h);
-    b.set(
-        Kind::FinalNorm,
-        0,
-        Data::F32(&ones[..h]),
-        1,
-        h,
-        Store::AsGiven,
-    )
-    .unwrap();
+    mat(&mut b, Tensor::Embed, 0, s.vocab, h);
+    let vec = |b: &mut Builder, name: &str, l: usize| {
+        b.set(name, l, Data::F32(&ones), 1, h, Store::AsGiven)
+            .unwrap()
+    };
+    vec(&mut b, "final_norm", 0);
     for l in 0..s.layers {
-        b.set(
-            Kind::AttnNorm,
-            l,
-            Data::F32(&ones[..h]),
-            1,
-            h,
-            Store::AsGiven,
-        )
-        .unwrap();
-        b.set(
-            Kind::FfnNorm,
-            l,
-            Data::F32(&ones[..h]),
-            1,
-            h,
-            Store::AsGiven,
-        )
-        .unwrap();
-        mat(&mut b, Kind::Wqkv, l, qkv, h);
-        mat(&mut b, Kind::Wo, l, h, s.heads * d);
-        mat(&mut b, Kind::WGateUp, l, 2 * s.inter, h);
-        mat(&mut b, Kind::WDown, l, h, s.inter);
+        vec(&mut b, "attn_norm", l);
+        vec(&mut b, "mlp_norm", l);
+        mat(&mut b, Tensor::Qkv, l, qkv, h);
+        mat(&mut b, Tensor::O, l, h, s.heads * d);
+        mat(&mut b, Tensor::Up, l, 2 * s.inter, h);
+        mat(&mut b, Tensor::Down, l, h, s.inter);
     }
     b.build().unwrap()
 }
@@ -201,8 +223,8 @@ fn main() {
     // layout and on the row-major layout of `linear` (interleaved, for m = 1, 8 and 64 rows).
     let w = dec.weights();
     let mut mats: Vec<&kwker_kernels::decoder::weights::Mat> = Vec::new();
-    for l in &w.layers {
-        mats.extend([&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]);
+    for l in 0..w.n_layers() {
+        mats.extend([Tensor::Qkv, Tensor::O, Tensor::Up, Tensor::Down].map(|t| w.mat(t, l)));
     }
     mats.push(w.lm_head());
     let rowmajor: Vec<Vec<u16>> = mats
@@ -337,30 +359,26 @@ fn main() {
         );
     }
     println!("pool stalls: {}", pool.stalls());
-    silu_check();
+    act_check();
 }
 
 #[allow(dead_code)]
-fn silu_check() {
-    use kwker_kernels::decoder::ops::{silu_mul, silu_mul_scalar};
+fn act_check() {
+    use kwker_kernels::vmath::{act_mul, Act};
     let n = 1536;
-    let gu: Vec<f32> = (0..512 * 2 * n)
+    let g: Vec<f32> = (0..512 * n)
         .map(|i| ((i % 97) as f32 - 48.0) * 0.1)
         .collect();
     let mut out = vec![0.0f32; 512 * n];
-    for isa in kwker_kernels::isa::supported() {
-        let t = Instant::now();
-        silu_mul(isa, &gu, n, &mut out);
-        println!(
-            "silu {} {:.2} ms",
-            isa.name(),
-            t.elapsed().as_secs_f64() * 1e3
-        );
+    for act in [Act::Silu, Act::GeluTanh, Act::GeluErf] {
+        for isa in kwker_kernels::isa::supported() {
+            let t = Instant::now();
+            act_mul(isa, act, &g, &g, &mut out);
+            println!(
+                "{act:?} x up, 512 x {n}, {}: {:.2} ms",
+                isa.name(),
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
     }
-    let t = Instant::now();
-    for r in 0..512 {
-        let row = &gu[r * 2 * n..(r + 1) * 2 * n];
-        silu_mul_scalar(&row[..n], &row[n..], &mut out[r * n..(r + 1) * n]);
-    }
-    println!("silu scalar {:.2} ms", t.elapsed().as_secs_f64() * 1e3);
 }

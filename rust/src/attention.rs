@@ -4,8 +4,10 @@
 //! ranges whose partial softmax results are merged afterwards (flash-decoding), so a single
 //! sequence with few kv heads still uses every thread without reading K/V twice.
 //!
-//! Numerical contract: out = softmax(scale * q.k^T) v with a causal mask against the cache end
-//! (query t of T sees keys 0..=S-T+t). Inputs are widened to f32 in small row chunks (the cache
+//! Numerical contract: out = softmax(s) v with s = scale * q.k^T (q is scaled first), optionally
+//! soft-capped to cap * tanh(s / cap) (Gemma 2), and a causal mask against the cache end: query t of
+//! T sees keys 0..=S-T+t, or with a sliding window of w keys only the last w of those (itself
+//! included, as Hugging Face's sliding-window mask). Inputs are widened to f32 in small row chunks (the cache
 //! is never copied whole); scores, the max-subtracted softmax and all sums are f32; split key
 //! ranges are combined by rescaling with exp(range max - overall max); each output row is
 //! divided by its softmax denominator and converted to E once, at the end. For bf16 inputs the
@@ -95,6 +97,8 @@ pub(crate) struct Ops {
     pub exp_sum: unsafe fn(&mut [f32]) -> (f32, f32),
     /// dst[i] = widened src[i].
     pub widen_bf16: unsafe fn(&[u16], &mut [f32]),
+    /// x[i] = tanh(x[i] / cap) * cap.
+    pub softcap: unsafe fn(&mut [f32], f32),
 }
 
 impl Ops {
@@ -106,6 +110,7 @@ impl Ops {
                 pv: avx512::pv,
                 exp_sum: avx512::exp_sum,
                 widen_bf16: avx512::widen_bf16,
+                softcap: crate::vmath::avx512::softcap,
             },
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => Ops {
@@ -113,13 +118,42 @@ impl Ops {
                 pv: avx2::pv,
                 exp_sum: avx2::exp_sum,
                 widen_bf16: avx2::widen_bf16,
+                softcap: crate::vmath::avx2::softcap,
             },
             _ => Ops {
                 qk: generic::qk,
                 pv: generic::pv,
                 exp_sum: generic::exp_sum,
                 widen_bf16: generic::widen_bf16,
+                softcap: generic_softcap,
             },
+        }
+    }
+}
+
+/// The scalar soft-cap, in the `Ops` signature.
+unsafe fn generic_softcap(x: &mut [f32], cap: f32) {
+    crate::vmath::generic::softcap(x, cap)
+}
+
+/// What a query sees and how its scores are formed, beyond the shapes.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnParams {
+    /// Multiplies q before the dot products.
+    pub scale: f32,
+    /// Scores become cap * tanh(score / cap) (Gemma 2's attn_logit_softcapping).
+    pub softcap: Option<f32>,
+    /// Keys a query sees, itself included; None = every earlier key.
+    pub window: Option<usize>,
+}
+
+impl AttnParams {
+    /// Plain causal attention with this scale.
+    pub fn scaled(scale: f32) -> AttnParams {
+        AttnParams {
+            scale,
+            softcap: None,
+            window: None,
         }
     }
 }
@@ -145,6 +179,21 @@ pub fn decode_attention<E: Element>(
     k: View4<'_, E>,
     v: View4<'_, E>,
     scale: f32,
+    out: &mut [E],
+) {
+    attention(isa, par, q, k, v, &AttnParams::scaled(scale), out)
+}
+
+/// `decode_attention` with a sliding window and soft-capping (`AttnParams`). A window of w keys
+/// costs what full attention over w + T keys costs: key ranges no query of a task can see are
+/// skipped. Panics also on a window of 0 or a non-positive cap.
+pub fn attention<E: Element>(
+    isa: Isa,
+    par: &dyn Parallel,
+    q: View4<'_, E>,
+    k: View4<'_, E>,
+    v: View4<'_, E>,
+    params: &AttnParams,
     out: &mut [E],
 ) {
     let [b, hq, t, d] = q.dims;
@@ -190,6 +239,14 @@ pub fn decode_attention<E: Element>(
         isa.is_supported(),
         "decode_attention: ISA tier {} is not supported by this CPU",
         isa.name()
+    );
+    assert!(
+        params.window != Some(0),
+        "decode_attention: a sliding window must hold at least one key"
+    );
+    assert!(
+        params.softcap.is_none_or(|c| c > 0.0),
+        "decode_attention: the soft-cap must be positive"
     );
     if d == 0 {
         return;
@@ -251,7 +308,7 @@ pub fn decode_attention<E: Element>(
         // SAFETY: tasks write disjoint memory: either their own partial slot, or (unsplit)
         // disjoint (b, head, token) rows of `out`, which has B*Hq*T*D elements (asserted); the
         // views were bounds-checked and `ops` belongs to a supported ISA (asserted above).
-        unsafe { block::attend(&ops, &q, &k, &v, scale, sink, &job) };
+        unsafe { block::attend(&ops, &q, &k, &v, params, sink, &job) };
     };
     let fmas = (b * hq * t).saturating_mul(s).saturating_mul(2 * d);
     if fmas < MIN_PARALLEL_FMAS {

@@ -1,30 +1,41 @@
-//! The whole-model decoder: a Llama-family causal LM (Llama, SmolLM2, Qwen2/2.5, Mistral) run as one
-//! native call per step over a ragged batch of sequence slots.
+//! The whole-model decoder: a causal LM described by a `Recipe` (every dense family the product runs:
+//! Llama-likes, Qwen3, Gemma 2/3, Phi-2/3/4, Granite, StableLM, StarCoder2, OLMo/OLMo2, GPT-2,
+//! GPT-NeoX, OPT) run as one native call per step over a ragged batch of sequence slots.
 //!
-//! - `config`: shapes and limits; `weights`: the owned matrices; `cache`: per-slot KV cache;
-//!   `forward`: one step; `ops`: pointwise maps; `sample` and `generate`: the native loop.
+//! - `recipe`: the composition as data; `tensors`: the one table of tensor names and shapes;
+//!   `weights`: the owned tensors; `builder`: tensors in by name, checked; `cache`: per-slot KV
+//!   cache; `rope`: rotary tables; `norm`, `ops`: pointwise parts; `forward` (the step), `layer`
+//!   (one layer as the recipe composes it), `attend` (the attention sub-layer); `sample` and
+//!   `generate`: the native loop; `lookup`: prompt-lookup drafts.
 //! - Slots are llama.cpp-style sequences: each holds its tokens and their K/V; a step appends tokens
 //!   to several slots at once (prompt chunks and single decode tokens mixed), `truncate` drops a
 //!   suffix (rejected speculative tokens), `copy_prefix` shares a prefix between slots.
 //!
-//! Numerical contract: float32 activations, sums and KV cache; weights bf16 or f32 as given; logits
-//! equal the model's float32 forward up to summation order (measured ~1e-6 relative).
+//! Numerical contract: float32 activations, sums and KV cache; weights bf16 or f32 as given (or
+//! quantized when asked); logits equal the model's float32 forward up to summation order (measured
+//! ~1e-6 relative) with unquantized weights.
 
+pub mod attend;
 pub mod builder;
 pub mod cache;
-pub mod config;
 pub mod forward;
 pub mod generate;
+pub mod layer;
 pub mod lookup;
+pub mod norm;
 pub mod ops;
+pub mod recipe;
+pub mod rope;
 pub mod sample;
+pub mod tensors;
 pub mod weights;
 
 use cache::KvCache;
-use config::Config;
 pub use forward::{Logits, SeqStep};
 use forward::{Model, Scratch};
-use weights::{Layer, Mat, Weights};
+use recipe::{Limits, Positions, Recipe};
+use rope::RopeTables;
+use weights::Weights;
 
 use crate::isa::Isa;
 use crate::par::Parallel;
@@ -32,40 +43,66 @@ use crate::par::Parallel;
 /// A model with its cache and scratch space. Not `Sync`: callers serialise steps (the FFI holds a
 /// lock per decoder).
 pub struct Decoder {
-    cfg: Config,
+    recipe: Recipe,
+    limits: Limits,
     w: Weights,
     cache: KvCache,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    ropes: Vec<RopeTables>,
     scratch: Scratch,
 }
 
 impl Decoder {
-    /// Checks every weight's shape against `cfg` and allocates the slots' caches.
-    pub fn new(cfg: Config, w: Weights) -> Result<Decoder, String> {
-        cfg.check()?;
-        check_weights(&cfg, &w)?;
-        let cache = KvCache::new(&cfg)?;
+    /// Checks the recipe, the limits and every tensor's shape (the builder has), and allocates the
+    /// slots' caches and the rotary tables.
+    pub fn new(recipe: Recipe, limits: Limits, w: Weights) -> Result<Decoder, String> {
+        recipe.check()?;
+        limits.check()?;
+        for (t, layer, shape) in tensors::present(&recipe) {
+            match w.get(t, layer) {
+                Some(s) if s.shape() == shape => {}
+                Some(s) => {
+                    let got = s.shape();
+                    return Err(format!(
+                        "{} is [{}, {}], expected [{}, {}]",
+                        builder::describe(t, layer),
+                        got[0],
+                        got[1],
+                        shape[0],
+                        shape[1]
+                    ));
+                }
+                None => return Err(format!("{} is missing", builder::describe(t, layer))),
+            }
+        }
+        let cache = KvCache::new(&recipe, &limits)?;
         // Rotary positions may run ahead of cache indices (left-padded rows keep their column as
         // position), by at most max_context (`set_next_pos`).
-        let positions = cfg
+        let positions = limits
             .max_context
             .checked_mul(2)
-            .filter(|p| p.checked_mul(cfg.head_dim).is_some_and(|n| n <= 1 << 32))
+            .filter(|p| p.checked_mul(recipe.head_dim).is_some_and(|n| n <= 1 << 32))
             .ok_or("max_context * head_dim is too large for the rotary tables")?;
-        let (cos, sin) = ops::rope_tables(&cfg.inv_freq, positions, cfg.rope_scale);
+        let ropes = recipe
+            .ropes()
+            .iter()
+            .map(|r| RopeTables::new(r, positions))
+            .collect();
         Ok(Decoder {
-            cfg,
+            recipe,
+            limits,
             w,
             cache,
-            cos,
-            sin,
+            ropes,
             scratch: Scratch::default(),
         })
     }
 
-    pub fn config(&self) -> &Config {
-        &self.cfg
+    pub fn recipe(&self) -> &Recipe {
+        &self.recipe
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     pub fn weights(&self) -> &Weights {
@@ -98,10 +135,10 @@ impl Decoder {
                 "slot {slot} is not empty; its position can only be set before its first token"
             ));
         }
-        if pos > self.cfg.max_context {
+        if pos > self.limits.max_context {
             return Err(format!(
                 "position {pos} is beyond max_context = {}",
-                self.cfg.max_context
+                self.limits.max_context
             ));
         }
         self.cache.set_next_pos(slot, pos);
@@ -116,10 +153,10 @@ impl Decoder {
     }
 
     fn check_slot(&self, slot: usize) -> Result<(), String> {
-        if slot >= self.cfg.slots {
+        if slot >= self.limits.slots {
             return Err(format!(
                 "slot {slot} does not exist: this decoder has {} slot(s) (0..{}); raise max_batch",
-                self.cfg.slots, self.cfg.slots
+                self.limits.slots, self.limits.slots
             ));
         }
         Ok(())
@@ -135,7 +172,7 @@ impl Decoder {
         if batch.is_empty() {
             return Err("the batch is empty: give at least one sequence".into());
         }
-        let mut used = vec![false; self.cfg.slots];
+        let mut used = vec![false; self.limits.slots];
         for sq in batch {
             self.check_slot(sq.slot)?;
             if std::mem::replace(&mut used[sq.slot], true) {
@@ -150,14 +187,25 @@ impl Decoder {
                     sq.slot
                 ));
             }
-            if let Some(&bad) = sq.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            if let Some(&bad) = sq.tokens.iter().find(|&&t| t as usize >= self.recipe.vocab) {
                 return Err(format!(
                     "token id {bad} is out of range for a vocabulary of {} (ids 0..{})",
-                    self.cfg.vocab, self.cfg.vocab
+                    self.recipe.vocab, self.recipe.vocab
                 ));
             }
             let have = self.cache.len(sq.slot);
-            if have + sq.tokens.len() > self.cfg.max_context {
+            if let Positions::Learned { offset, len } = self.recipe.positions {
+                let last = self.cache.next_pos(sq.slot) + sq.tokens.len() - 1;
+                if last + offset >= len {
+                    return Err(format!(
+                        "slot {} would reach position {last}, but the model's learned position table \
+                         holds {} positions (max_position_embeddings / n_positions); use a shorter input",
+                        sq.slot,
+                        len - offset.min(len)
+                    ));
+                }
+            }
+            if have + sq.tokens.len() > self.limits.max_context {
                 return Err(format!(
                     "slot {} would hold {} + {} = {} tokens, more than max_context = {}; use a larger \
                      max_context or a shorter input",
@@ -165,7 +213,7 @@ impl Decoder {
                     have,
                     sq.tokens.len(),
                     have + sq.tokens.len(),
-                    self.cfg.max_context
+                    self.limits.max_context
                 ));
             }
         }
@@ -182,7 +230,7 @@ impl Decoder {
         logits: &mut [f32],
     ) -> Result<(), String> {
         self.check_batch(batch)?;
-        let need = Self::logit_rows(batch) * self.cfg.vocab;
+        let need = Self::logit_rows(batch) * self.recipe.vocab;
         if logits.len() != need {
             return Err(format!(
                 "the logits buffer holds {} floats, the batch needs {need}",
@@ -193,10 +241,10 @@ impl Decoder {
             return Err(format!("this CPU cannot run the {} tier", isa.name()));
         }
         let model = Model {
-            cfg: &self.cfg,
+            r: &self.recipe,
+            lim: &self.limits,
             w: &self.w,
-            cos: &self.cos,
-            sin: &self.sin,
+            ropes: &self.ropes,
         };
         forward::step(
             &model,
@@ -209,62 +257,4 @@ impl Decoder {
         );
         Ok(())
     }
-}
-
-fn check_mat(m: &Mat, rows: usize, cols: usize, what: &str) -> Result<(), String> {
-    if m.rows() != rows || m.cols() != cols {
-        return Err(format!(
-            "{what} is [{}, {}], expected [{rows}, {cols}]",
-            m.rows(),
-            m.cols()
-        ));
-    }
-    Ok(())
-}
-
-fn check_vec(v: Option<&Vec<f32>>, n: usize, what: &str) -> Result<(), String> {
-    match v {
-        Some(v) if v.len() != n => Err(format!("{what} has {} values, expected {n}", v.len())),
-        _ => Ok(()),
-    }
-}
-
-fn check_weights(cfg: &Config, w: &Weights) -> Result<(), String> {
-    let (h, i) = (cfg.hidden, cfg.intermediate);
-    check_mat(&w.embed, cfg.vocab, h, "the embedding")?;
-    check_mat(w.lm_head(), cfg.vocab, h, "lm_head")?;
-    check_vec(Some(&w.final_norm), h, "the final norm")?;
-    if w.layers.len() != cfg.layers {
-        return Err(format!(
-            "{} layers of weights for a model of {} layers",
-            w.layers.len(),
-            cfg.layers
-        ));
-    }
-    for (n, l) in w.layers.iter().enumerate() {
-        let at = |what: &str| format!("layer {n}: {what}");
-        let Layer {
-            attn_norm,
-            wqkv,
-            bqkv,
-            wo,
-            bo,
-            ffn_norm,
-            w_gate_up,
-            b_gate_up,
-            w_down,
-            b_down,
-        } = l;
-        check_vec(Some(attn_norm), h, &at("input_layernorm"))?;
-        check_mat(wqkv, cfg.qkv_width(), h, &at("the fused q/k/v projection"))?;
-        check_vec(bqkv.as_ref(), cfg.qkv_width(), &at("the q/k/v bias"))?;
-        check_mat(wo, h, cfg.q_width(), &at("o_proj"))?;
-        check_vec(bo.as_ref(), h, &at("the o_proj bias"))?;
-        check_vec(Some(ffn_norm), h, &at("post_attention_layernorm"))?;
-        check_mat(w_gate_up, 2 * i, h, &at("the fused gate/up projection"))?;
-        check_vec(b_gate_up.as_ref(), 2 * i, &at("the gate/up bias"))?;
-        check_mat(w_down, h, i, &at("down_proj"))?;
-        check_vec(b_down.as_ref(), h, &at("the down_proj bias"))?;
-    }
-    Ok(())
 }

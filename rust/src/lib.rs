@@ -20,5 +20,6 @@ pub mod panel;
 pub mod par;
 pub mod pool;
 pub mod quant;
+pub mod vmath;
 
 mod scratch;

@@ -5,14 +5,15 @@
 //! Keys are processed in chunks of KEY_CHUNK rows: a bf16 chunk is widened once into an
 //! L1-sized f32 buffer and then reused by every query row (f32 caches are read in place).
 //! Rows are ordered token-major (row = token * heads + head), so the rows that may see a key
-//! always form a suffix of the block. A task covering all keys writes final rows; a task
+//! always form a suffix of the block; with a sliding window each row sees a contiguous range of keys
+//! whose both ends grow with the row, and the task's key range starts where its first row's does. A task covering all keys writes final rows; a task
 //! covering one key range writes unnormalised partials that `merge` combines.
 //! Numerical contract: as in `attention` (f32 everywhere, one conversion to E at the end;
 //! for bf16 V the softmax numerators are rounded to bf16 before P·V, as torch does).
 
 use std::ops::Range;
 
-use super::{Ops, View4};
+use super::{AttnParams, Ops, View4};
 use crate::bf16::{bf16_to_f32, classify, f32_to_bf16, ElemSlice, Element};
 use crate::par::SyncPtr;
 use crate::scratch::with_scratch;
@@ -98,23 +99,26 @@ pub(crate) unsafe fn attend<E: Element>(
     q: &View4<'_, E>,
     k: &View4<'_, E>,
     v: &View4<'_, E>,
-    scale: f32,
+    params: &AttnParams,
     sink: Sink<E>,
     job: &Block,
 ) {
     let d = q.dims[3];
     let nh = job.heads.len();
     let rows = nh * job.tokens.len();
-    // Query t sees keys 0..=base + t.
+    let scale = params.scale;
+    // Query t sees keys lo(t)..=base + t, lo(t) = 0 without a window.
     let base = k.dims[2] - q.dims[2];
-    let ks = job.keys.start;
+    let window = params.window.unwrap_or(usize::MAX);
+    let lo = |t: usize| (base + t + 1).saturating_sub(window);
+    let ks = job.keys.start.max(lo(job.tokens.start));
     let ke = job.keys.end.min(base + job.tokens.end);
     let nkeys = ke.saturating_sub(ks);
-    // Keys of this task that row r sees, and the first row that sees absolute key s.
+    // Keys of this task row r sees, relative to ks: from..to (empty when it sees none).
     let seen = |r: usize| {
-        (base + job.tokens.start + r / nh + 1)
-            .min(ke)
-            .saturating_sub(ks)
+        let t = job.tokens.start + r / nh;
+        let to = (base + t + 1).min(ke).saturating_sub(ks);
+        (lo(t).saturating_sub(ks).min(to), to)
     };
     let first_row = |s: usize| s.saturating_sub(base + job.tokens.start) * nh;
 
@@ -148,11 +152,16 @@ pub(crate) unsafe fn attend<E: Element>(
             (ops.qk)(q_rows, rows - r0, kc, ldk, n, d, out, nkeys);
         }
 
-        // Softmax numerators in place; (max, denominator) kept per row.
+        // Soft-capped scores, then softmax numerators in place; (max, denominator) kept per row.
         for r in 0..rows {
-            let (max, sum) = match seen(r) {
+            let (from, to) = seen(r);
+            let row = &mut scores[r * nkeys + from..r * nkeys + to];
+            if let Some(cap) = params.softcap {
+                (ops.softcap)(row, cap);
+            }
+            let (max, sum) = match to - from {
                 0 => (f32::NEG_INFINITY, 0.0),
-                n => (ops.exp_sum)(&mut scores[r * nkeys..r * nkeys + n]),
+                _ => (ops.exp_sum)(row),
             };
             stats[2 * r] = max;
             stats[2 * r + 1] = sum;
@@ -163,7 +172,8 @@ pub(crate) unsafe fn attend<E: Element>(
             // feeds bf16 probabilities to its P·V GEMM), so a bf16 model keeps its own numerics
             // and its own greedy tokens; without it ~20 % of outputs differ from torch by 1 ulp.
             for r in 0..rows {
-                for x in &mut scores[r * nkeys..r * nkeys + seen(r)] {
+                let (from, to) = seen(r);
+                for x in &mut scores[r * nkeys + from..r * nkeys + to] {
                     *x = bf16_to_f32(f32_to_bf16(*x));
                 }
             }
@@ -174,10 +184,20 @@ pub(crate) unsafe fn attend<E: Element>(
         for s0 in (ks..ke).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(ke - s0);
             let (vc, ldv) = rows_f32(ops, &vd, v, job.b, job.kv_head, s0, n, chunk);
+            let c0 = s0 - ks; // this chunk's keys, relative to ks: c0..c0 + n
             for r in first_row(s0)..rows {
-                let from = r * nkeys + (s0 - ks);
-                let to = r * nkeys + seen(r).min(s0 - ks + n);
-                (ops.pv)(&scores[from..to], vc, ldv, d, &mut acc[r * d..(r + 1) * d]);
+                let (from, to) = seen(r);
+                let (a, b) = (from.max(c0), to.min(c0 + n));
+                if a < b {
+                    let p = &scores[r * nkeys + a..r * nkeys + b];
+                    (ops.pv)(
+                        p,
+                        &vc[(a - c0) * ldv..],
+                        ldv,
+                        d,
+                        &mut acc[r * d..(r + 1) * d],
+                    );
+                }
             }
         }
 

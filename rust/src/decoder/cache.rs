@@ -8,7 +8,7 @@
 //! Layout per slot: [layer][k|v][kv_head][position][head_dim], so the keys one head attends over are
 //! contiguous. Each slot also keeps the tokens it holds (for prefix reuse by later callers).
 
-use super::config::Config;
+use super::recipe::{Limits, Recipe};
 
 pub struct Slot {
     kv: Vec<f32>,
@@ -44,13 +44,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(cfg: &Config) -> Result<KvCache, String> {
-        let per_slot = [cfg.layers, 2, cfg.kv_heads, cfg.max_context, cfg.head_dim]
+    pub fn new(r: &Recipe, lim: &Limits) -> Result<KvCache, String> {
+        let per_slot = [r.layers, 2, r.kv_heads, lim.max_context, r.head_dim]
             .iter()
             .try_fold(1usize, |a, &b| a.checked_mul(b))
             .ok_or("the KV cache size overflows; lower max_context or max_batch")?;
-        let mut slots = Vec::with_capacity(cfg.slots);
-        for _ in 0..cfg.slots {
+        let mut slots = Vec::with_capacity(lim.slots);
+        for _ in 0..lim.slots {
             let kv = zeroed(per_slot).ok_or_else(|| {
                 format!(
                     "cannot allocate a KV cache of {} MB per slot; lower max_context or max_batch",
@@ -65,10 +65,10 @@ impl KvCache {
         }
         Ok(KvCache {
             slots,
-            kv_heads: cfg.kv_heads,
-            head_dim: cfg.head_dim,
-            max_context: cfg.max_context,
-            layers: cfg.layers,
+            kv_heads: r.kv_heads,
+            head_dim: r.head_dim,
+            max_context: lim.max_context,
+            layers: r.layers,
         })
     }
 

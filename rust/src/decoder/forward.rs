@@ -4,29 +4,34 @@
 //! at most `chunk_rows` rows; within a window every layer runs on all its rows at once, so the
 //! weights are read once per window whatever mix of prompt chunks and single decode tokens it holds:
 //!
-//!   x = embed(tokens)
-//!   per layer:  h = rmsnorm(x);  [q|k|v] = h Wqkv^T (+b);  rotary(q, k) at each row's position;
-//!               K/V rows -> the row's slot cache;  a = attention(q, cache) per sequence;
-//!               x += a Wo^T;  h = rmsnorm(x);  [g|u] = h Wgu^T;  x += (silu(g) * u) Wdown^T
-//!   logits of the rows asked for = rmsnorm(x) Wlm^T
+//!   x = embed(tokens) [-> proj_in] [* embed_scale] [+ pos_embed(position + offset)]
+//!   per layer: as the recipe composes it (`layer.rs`)
+//!   logits of the rows asked for = [final_norm] [-> proj_out] -> lm_head (+ bias)
+//!                                   [/ logit_divisor] [-> final soft-cap]
 //!
-//! A later window sees the K/V the earlier windows wrote, so a long prompt may span windows.
-//! Numerical contract: float32 activations and sums throughout (`linear`, `attention` and `ops`
-//! contracts); with panel (bf16/f32) weights the only difference from the model's float32 forward
-//! is summation order. A quantized matrix's linear reads its input rounded to int8 per 32 values
-//! (`quant.rs`); everything around it stays float32.
+//! A later window sees the K/V the earlier windows wrote, so a long prompt may span windows. The
+//! LongRoPE table (short or long) is picked once per step from the step's largest position, as
+//! Hugging Face picks it once per forward call.
+//! Numerical contract: float32 activations and sums throughout (`linear`, `attention`, `norm`, `ops`
+//! and `vmath` contracts); with panel (bf16/f32) weights the only difference from the model's float32
+//! forward is summation order (and exp/tanh/erf within a few ulp). A quantized matrix's linear reads
+//! its input rounded to int8 per 32 values (`quant.rs`); everything around it stays float32.
 
 use std::ops::Range;
 
 use super::cache::KvCache;
-use super::config::Config;
+use super::layer;
+use super::norm::norm_rows;
 use super::ops;
+use super::recipe::{Limits, Positions, Recipe};
+use super::rope::{RopeTables, Table};
+use super::tensors::Tensor;
 use super::weights::{Mat, Weights};
-use crate::attention::{decode_attention, View4};
 use crate::isa::Isa;
 use crate::panel::panel_linear;
-use crate::par::{Parallel, Serial, SyncPtr};
+use crate::par::Parallel;
 use crate::quant::quant_linear;
+use crate::vmath;
 
 /// Which logits a sequence of the batch wants back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,71 +64,90 @@ pub struct SeqStep<'a> {
 /// Scratch activations for up to `rows` rows, grown on demand and kept between steps.
 #[derive(Default)]
 pub struct Scratch {
-    x: Vec<f32>,
-    h: Vec<f32>,
-    qkv: Vec<f32>,
-    attn: Vec<f32>,
-    gu: Vec<f32>,
-    act: Vec<f32>,
+    /// The residual stream [rows][hidden].
+    pub x: Vec<f32>,
+    /// A sub-layer's normed input [rows][hidden].
+    pub h: Vec<f32>,
+    pub qkv: Vec<f32>,
+    /// Attention output before o [rows][heads * head_dim].
+    pub attn: Vec<f32>,
+    /// The attention sub-layer's output [rows][hidden].
+    pub a: Vec<f32>,
+    /// The MLP's first projection [rows][up_rows].
+    pub gu: Vec<f32>,
+    pub act: Vec<f32>,
+    /// The MLP sub-layer's output [rows][hidden].
+    pub f: Vec<f32>,
     /// One sequence's attention output, [heads][tokens][head_dim].
-    tmp: Vec<f32>,
+    pub tmp: Vec<f32>,
+    /// Embedding-width rows (token embeddings before proj_in; the lm_head input after proj_out).
+    pub e: Vec<f32>,
     /// The rows whose logits are wanted, gathered from `x` ([rows][hidden]).
-    fin: Vec<f32>,
+    pub fin: Vec<f32>,
     rows: usize,
 }
 
 impl Scratch {
-    fn ensure(&mut self, cfg: &Config, rows: usize) {
+    fn ensure(&mut self, r: &Recipe, rows: usize) {
         if rows <= self.rows {
             return;
         }
         let grow = |v: &mut Vec<f32>, w: usize| v.resize(rows * w, 0.0);
-        grow(&mut self.x, cfg.hidden);
-        grow(&mut self.h, cfg.hidden);
-        grow(&mut self.qkv, cfg.qkv_width());
-        grow(&mut self.attn, cfg.q_width());
-        grow(&mut self.gu, 2 * cfg.intermediate);
-        grow(&mut self.act, cfg.intermediate);
-        grow(&mut self.tmp, cfg.q_width());
-        grow(&mut self.fin, cfg.hidden);
+        let h = r.hidden;
+        for v in [
+            &mut self.x,
+            &mut self.h,
+            &mut self.a,
+            &mut self.f,
+            &mut self.fin,
+        ] {
+            grow(v, h);
+        }
+        grow(&mut self.qkv, r.qkv_width());
+        grow(&mut self.attn, r.q_width());
+        grow(&mut self.gu, r.up_rows());
+        grow(&mut self.act, r.intermediate);
+        grow(&mut self.tmp, r.q_width());
+        grow(&mut self.e, r.embed_dim.max(h));
         self.rows = rows;
     }
 }
 
 /// Where each row of a window comes from: its slot, cache index and rotary position.
-struct Row {
-    slot: usize,
-    index: usize,
-    pos: usize,
+pub struct Row {
+    pub slot: usize,
+    pub index: usize,
+    pub pos: usize,
 }
 
 /// A sequence's rows inside one window.
-struct Segment {
-    slot: usize,
-    rows: Range<usize>,
+pub struct Segment {
+    pub slot: usize,
+    pub rows: Range<usize>,
     /// Cache index of the segment's first row.
-    pos0: usize,
+    pub pos0: usize,
 }
 
 /// Everything a step reads besides the activations.
 pub struct Model<'a> {
-    pub cfg: &'a Config,
+    pub r: &'a Recipe,
+    pub lim: &'a Limits,
     pub w: &'a Weights,
-    pub cos: &'a [f32],
-    pub sin: &'a [f32],
+    pub ropes: &'a [RopeTables],
 }
 
-fn lin(
+/// y[..m * n] = x[..m * k] w^T (+ b), for a matrix stored either way.
+pub fn lin(
     isa: Isa,
     par: &dyn Parallel,
     x: &[f32],
     m: usize,
     w: &Mat,
-    b: Option<&Vec<f32>>,
+    b: Option<&[f32]>,
     y: &mut [f32],
 ) {
     let (n, k) = (w.rows(), w.cols());
-    let (x, y, b) = (&x[..m * k], &mut y[..m * n], b.map(|b| b.as_slice()));
+    let (x, y) = (&x[..m * k], &mut y[..m * n]);
     match w {
         Mat::Panel(p) => panel_linear(isa, par, x, m, p, b, y),
         Mat::Quant(q) => quant_linear(isa, par, x, m, q, b, y),
@@ -141,7 +165,7 @@ pub fn step(
     batch: &[SeqStep<'_>],
     logits: &mut [f32],
 ) {
-    let cfg = model.cfg;
+    let r = model.r;
     // Flatten the batch: row -> (slot, position, token), and the rows whose logits are wanted.
     let mut rows = Vec::new();
     let mut tokens = Vec::new();
@@ -163,36 +187,32 @@ pub fn step(
             tokens.push(t);
         }
     }
+    // The rotary sets this step uses (LongRoPE switches on the whole call's largest position).
+    let max_pos = rows.iter().map(|x| x.pos).max().unwrap_or(0);
+    let tables: Vec<&Table> = model.ropes.iter().map(|t| t.pick(max_pos)).collect();
     let total = rows.len();
-    let chunk = cfg.chunk_rows.min(total).max(1);
-    s.ensure(cfg, chunk);
+    let chunk = model.lim.chunk_rows.min(total).max(1);
+    s.ensure(r, chunk);
     let mut out_row = 0;
     let mut w0 = 0;
     while w0 < total {
         let w1 = (w0 + chunk).min(total);
-        window(model, isa, par, cache, s, &rows[w0..w1], &tokens[w0..w1]);
-        // Logits of the wanted rows in this window.
+        let win = &rows[w0..w1];
+        embed(model, isa, par, s, win, &tokens[w0..w1]);
+        let segs = segments(win);
+        for l in 0..r.layers {
+            layer::run(model, &tables, isa, par, cache, s, win, &segs, l);
+        }
         let want: Vec<usize> = wanted
             .iter()
-            .filter(|&&r| (w0..w1).contains(&r))
-            .map(|&r| r - w0)
+            .filter(|&&i| (w0..w1).contains(&i))
+            .map(|&i| i - w0)
             .collect();
         if !want.is_empty() {
-            let hd = cfg.hidden;
-            for (i, &r) in want.iter().enumerate() {
-                let (src, dst) = (r * hd, i * hd);
-                s.fin[dst..dst + hd].copy_from_slice(&s.x[src..src + hd]);
-            }
             let m = want.len();
-            ops::rms_norm(
-                &s.fin[..m * hd],
-                &model.w.final_norm,
-                cfg.rms_eps,
-                &mut s.h[..m * hd],
-            );
-            let v = cfg.vocab;
+            let v = r.vocab;
             let y = &mut logits[out_row * v..(out_row + m) * v];
-            lin(isa, par, &s.h, m, model.w.lm_head(), None, y);
+            head(model, isa, par, s, &want, y);
             out_row += m;
         }
         w0 = w1;
@@ -202,186 +222,96 @@ pub fn step(
     }
 }
 
-/// All layers over one window of rows.
-fn window(
+/// The window's input rows: token embeddings, projected, scaled, plus learned positions.
+fn embed(
     model: &Model<'_>,
     isa: Isa,
     par: &dyn Parallel,
-    cache: &mut KvCache,
     s: &mut Scratch,
     rows: &[Row],
     tokens: &[u32],
 ) {
-    let cfg = model.cfg;
-    let (hd, m) = (cfg.hidden, rows.len());
-    let (qw, kvw, d) = (cfg.q_width(), cfg.kv_width(), cfg.head_dim);
-    let qkvw = cfg.qkv_width();
-    let half = d / 2;
-    for (r, &t) in tokens.iter().enumerate() {
-        model
-            .w
-            .embed
-            .row_f32(t as usize, &mut s.x[r * hd..(r + 1) * hd]);
+    let (r, w) = (model.r, model.w);
+    let (hd, ed, m) = (r.hidden, r.embed_dim, rows.len());
+    let proj = w.mat_opt(Tensor::ProjIn, 0);
+    let dst = if proj.is_some() { &mut s.e } else { &mut s.x };
+    for (i, &t) in tokens.iter().enumerate() {
+        w.embed()
+            .row_f32(t as usize, &mut dst[i * ed..(i + 1) * ed]);
     }
-    // Segments: consecutive rows of one slot.
+    if let Some(p) = proj {
+        // The embedding width's rows into the hidden width (OPT's project_in).
+        lin(isa, par, &s.e, m, p, None, &mut s.x);
+    }
+    let x = &mut s.x[..m * hd];
+    if r.embed_scale != 1.0 {
+        ops::scale(x, r.embed_scale);
+    }
+    if let Positions::Learned { offset, .. } = r.positions {
+        let table = w.mat(Tensor::PosEmbed, 0);
+        let mut pe = vec![0.0f32; hd];
+        for (i, row) in rows.iter().enumerate() {
+            table.row_f32(row.pos + offset, &mut pe);
+            ops::add_in_place(&mut x[i * hd..(i + 1) * hd], &pe);
+        }
+    }
+}
+
+/// Consecutive rows of one slot.
+fn segments(rows: &[Row]) -> Vec<Segment> {
     let mut segs: Vec<Segment> = Vec::new();
-    for (r, row) in rows.iter().enumerate() {
+    for (i, row) in rows.iter().enumerate() {
         match segs.last_mut() {
-            Some(g) if g.slot == row.slot && g.pos0 + (r - g.rows.start) == row.index => {
-                g.rows.end = r + 1
+            Some(g) if g.slot == row.slot && g.pos0 + (i - g.rows.start) == row.index => {
+                g.rows.end = i + 1
             }
             _ => segs.push(Segment {
                 slot: row.slot,
-                rows: r..r + 1,
+                rows: i..i + 1,
                 pos0: row.index,
             }),
         }
     }
-    for (l, lw) in model.w.layers.iter().enumerate() {
-        ops::rms_norm(
-            &s.x[..m * hd],
-            &lw.attn_norm,
-            cfg.rms_eps,
-            &mut s.h[..m * hd],
-        );
-        lin(isa, par, &s.h, m, &lw.wqkv, lw.bqkv.as_ref(), &mut s.qkv);
-        for (r, row) in rows.iter().enumerate() {
-            let qkv = &mut s.qkv[r * qkvw..(r + 1) * qkvw];
-            let (cos, sin) = (
-                &model.cos[row.pos * half..(row.pos + 1) * half],
-                &model.sin[row.pos * half..(row.pos + 1) * half],
-            );
-            ops::rope(&mut qkv[..qw + kvw], cfg.heads + cfg.kv_heads, d, cos, sin);
-            cache.write(
-                row.slot,
-                l,
-                row.index,
-                &qkv[qw..qw + kvw],
-                &qkv[qw + kvw..qw + 2 * kvw],
-            );
-        }
-        if segs.len() > 1 {
-            // Several sequences: one parallel region over them, each sequence's attention on one
-            // thread (its own rows of `attn`, its own scratch), instead of one small region each.
-            let out = SyncPtr(s.attn.as_mut_ptr());
-            let (qkv, cache_ref) = (&s.qkv, &*cache);
-            par.run(segs.len(), &|i| {
-                let g = &segs[i];
-                let mut tmp = vec![0.0f32; cfg.q_width() * g.rows.len()];
-                // SAFETY: segment i owns rows g.rows of `attn` (segments are disjoint row ranges of
-                // the window) and `attn` holds m * q_width floats; run() joins before `s` is used.
-                let rows = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        out.get().add(g.rows.start * cfg.q_width()),
-                        g.rows.len() * cfg.q_width(),
-                    )
-                };
-                attend(model, isa, &Serial, cache_ref, qkv, &mut tmp, rows, g, l);
-            });
-        } else if let Some(g) = segs.first() {
-            let rows = &mut s.attn[g.rows.start * qw..g.rows.end * qw];
-            attend(model, isa, par, cache, &s.qkv, &mut s.tmp, rows, g, l);
-        }
-        lin(isa, par, &s.attn, m, &lw.wo, lw.bo.as_ref(), &mut s.h);
-        ops::add_in_place(&mut s.x[..m * hd], &s.h[..m * hd]);
-        ops::rms_norm(
-            &s.x[..m * hd],
-            &lw.ffn_norm,
-            cfg.rms_eps,
-            &mut s.h[..m * hd],
-        );
-        lin(
-            isa,
-            par,
-            &s.h,
-            m,
-            &lw.w_gate_up,
-            lw.b_gate_up.as_ref(),
-            &mut s.gu,
-        );
-        ops::silu_mul(
-            isa,
-            &s.gu[..m * 2 * cfg.intermediate],
-            cfg.intermediate,
-            &mut s.act[..m * cfg.intermediate],
-        );
-        lin(
-            isa,
-            par,
-            &s.act,
-            m,
-            &lw.w_down,
-            lw.b_down.as_ref(),
-            &mut s.h,
-        );
-        ops::add_in_place(&mut s.x[..m * hd], &s.h[..m * hd]);
-    }
+    segs
 }
 
-/// Attention of one segment's queries over its slot's cache, into `out` (the segment's rows of the
-/// attention output, [tokens][heads * head_dim]); `tmp` holds at least heads * tokens * head_dim.
-#[allow(clippy::too_many_arguments)]
-fn attend(
+/// Logits of the window's rows `want` into `y` ([want.len(), vocab]).
+fn head(
     model: &Model<'_>,
     isa: Isa,
     par: &dyn Parallel,
-    cache: &KvCache,
-    qkv: &[f32],
-    tmp: &mut [f32],
-    out: &mut [f32],
-    g: &Segment,
-    layer: usize,
+    s: &mut Scratch,
+    want: &[usize],
+    y: &mut [f32],
 ) {
-    let cfg = model.cfg;
-    let (d, hq, hkv) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
-    let qkvw = cfg.qkv_width();
-    let qw = cfg.q_width();
-    let ctx = cfg.max_context;
-    let (kb, vb) = cache.layer(g.slot, layer);
-    let t = g.rows.len();
-    // Query rows whose sliding window starts after key 0 attend one by one over their own window.
-    let windowed_from = match cfg.sliding_window {
-        Some(w) => (w.saturating_sub(g.pos0)).min(t), // rows r >= this see a window not starting at 0
-        None => t,
-    };
-    let mut run = |rows: Range<usize>, key0: usize, keys: usize| {
-        let n = rows.len();
-        let q = View4 {
-            data: &qkv[(g.rows.start + rows.start) * qkvw..],
-            dims: [1, hq, n, d],
-            strides: [n * qkvw, d, qkvw, 1],
-        };
-        let kv = |b| View4 {
-            data: b,
-            dims: [1, hkv, keys, d],
-            strides: [hkv * ctx * d, ctx * d, d, 1],
-        };
-        let (k, v) = (kv(&kb[key0 * d..]), kv(&vb[key0 * d..]));
-        if n == 1 {
-            // One token: [heads][1][d] is already the row layout.
-            let dst = &mut out[rows.start * qw..(rows.start + 1) * qw];
-            decode_attention(isa, par, q, k, v, cfg.attn_scale, dst);
-            return;
-        }
-        let o = &mut tmp[..hq * n * d];
-        decode_attention(isa, par, q, k, v, cfg.attn_scale, o);
-        // [heads][tokens][d] -> rows [tokens][heads * d]
-        for tt in 0..n {
-            let r = rows.start + tt;
-            for h in 0..hq {
-                let src = (h * n + tt) * d;
-                out[r * qw + h * d..r * qw + (h + 1) * d].copy_from_slice(&o[src..src + d]);
-            }
-        }
-    };
-    if windowed_from > 0 {
-        // Rows 0..windowed_from: causal over keys 0..pos0 + windowed_from.
-        run(0..windowed_from, 0, g.pos0 + windowed_from);
+    let (r, w) = (model.r, model.w);
+    let (hd, m) = (r.hidden, want.len());
+    for (i, &row) in want.iter().enumerate() {
+        s.fin[i * hd..(i + 1) * hd].copy_from_slice(&s.x[row * hd..(row + 1) * hd]);
     }
-    let w = cfg.sliding_window.unwrap_or(usize::MAX);
-    for r in windowed_from..t {
-        let pos = g.pos0 + r;
-        let key0 = pos + 1 - w;
-        run(r..r + 1, key0, pos + 1 - key0);
+    let mut input: &[f32] = &s.fin[..m * hd];
+    if r.final_norm {
+        let (nw, nb) = (w.vec(Tensor::FinalNorm, 0), w.vec(Tensor::FinalNormBias, 0));
+        norm_rows(&r.norm, nw, nb, hd, input, &mut s.h[..m * hd]);
+        input = &s.h[..m * hd];
+    }
+    if let Some(p) = w.mat_opt(Tensor::ProjOut, 0) {
+        lin(isa, par, input, m, p, None, &mut s.e);
+        input = &s.e[..m * r.embed_dim];
+    }
+    lin(
+        isa,
+        par,
+        input,
+        m,
+        w.lm_head(),
+        w.vec(Tensor::LmHeadBias, 0),
+        y,
+    );
+    if r.logit_divisor != 1.0 {
+        ops::divide(y, r.logit_divisor);
+    }
+    if let Some(cap) = r.final_softcap {
+        vmath::softcap(isa, y, cap);
     }
 }

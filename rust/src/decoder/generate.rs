@@ -70,8 +70,8 @@ pub fn generate(
     on_token: &mut dyn FnMut(usize, u32) -> bool,
 ) -> Result<Vec<Generated>, String> {
     params.sample.check()?;
-    let vocab = dec.config().vocab;
-    let ctx = dec.config().max_context;
+    let vocab = dec.recipe().vocab;
+    let ctx = dec.limits().max_context;
     let batch: Vec<SeqStep<'_>> = seqs
         .iter()
         .map(|&(slot, tokens)| SeqStep {

@@ -1,13 +1,45 @@
 //! The decoder's weights, owned by the decoder (copied in once, so nothing the caller frees or
-//! replaces later can leave a dangling pointer): plain matrices and vectors, one struct per layer.
+//! replaces later can leave a dangling pointer): matrices and vectors keyed by the tensor table.
 //!
 //! Matrices are stored in the checkpoint's own dtype (bf16 or f32; the caller decides whether a
 //! bf16-exact f32 matrix is stored as bf16), packed into column panels, or quantized to 8 or 4 bits
 //! when the caller asks (`quant.rs`). Norm weights and biases are f32 (bf16 values widen
 //! exactly). Fused projections: q/k/v rows stacked as [q; k; v], gate/up as [gate; up].
 
+use super::tensors::{Tensor, TABLE};
 use crate::panel::PanelWeight;
 use crate::quant::{Format, QuantWeight};
+
+/// How a matrix is stored. The name is the only code that crosses the FFI or is saved for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatFormat {
+    F32,
+    Bf16,
+    Q8,
+    Q4,
+}
+
+impl MatFormat {
+    pub const ALL: [MatFormat; 4] = [
+        MatFormat::F32,
+        MatFormat::Bf16,
+        MatFormat::Q8,
+        MatFormat::Q4,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MatFormat::F32 => "f32",
+            MatFormat::Bf16 => "bf16",
+            MatFormat::Q8 => "q8",
+            MatFormat::Q4 => "q4",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<MatFormat> {
+        MatFormat::ALL.into_iter().find(|f| f.name() == s)
+    }
+}
 
 /// A [rows, cols] weight matrix, packed once into the layout its kernel reads whatever the batch
 /// size: column panels of bf16/f32 values (`panel.rs`), or 8-/4-bit codes (`quant.rs`).
@@ -40,22 +72,13 @@ impl Mat {
         }
     }
 
-    /// The storage format's name: "bf16", "f32", "q8" or "q4".
-    pub fn format_name(&self) -> &'static str {
+    /// How the matrix is stored.
+    pub fn format(&self) -> MatFormat {
         match self {
-            Mat::Panel(PanelWeight::Bf16 { .. }) => "bf16",
-            Mat::Panel(PanelWeight::F32 { .. }) => "f32",
-            Mat::Quant(q) => q.format.name(),
-        }
-    }
-
-    /// Format code of a saved matrix: 0 f32, 1 bf16, 2 q8, 3 q4.
-    pub fn format_code(&self) -> i32 {
-        match self {
-            Mat::Panel(PanelWeight::F32 { .. }) => 0,
-            Mat::Panel(PanelWeight::Bf16 { .. }) => 1,
-            Mat::Quant(q) if q.format == Format::Q8 => 2,
-            Mat::Quant(_) => 3,
+            Mat::Panel(PanelWeight::F32 { .. }) => MatFormat::F32,
+            Mat::Panel(PanelWeight::Bf16 { .. }) => MatFormat::Bf16,
+            Mat::Quant(q) if q.format == Format::Q8 => MatFormat::Q8,
+            Mat::Quant(_) => MatFormat::Q4,
         }
     }
 
@@ -67,15 +90,26 @@ impl Mat {
         }
     }
 
-    /// A matrix from its saved format code and packed bytes.
-    pub fn from_packed(code: i32, rows: usize, cols: usize, bytes: &[u8]) -> Result<Mat, String> {
-        match code {
-            0 | 1 => PanelWeight::from_packed(code == 1, bytes, rows, cols).map(Mat::Panel),
-            2 | 3 => {
-                let f = if code == 2 { Format::Q8 } else { Format::Q4 };
+    /// A matrix from its format and packed bytes (lengths and scales checked).
+    pub fn from_packed(
+        format: MatFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Mat, String> {
+        match format {
+            MatFormat::F32 | MatFormat::Bf16 => {
+                PanelWeight::from_packed(format == MatFormat::Bf16, bytes, rows, cols)
+                    .map(Mat::Panel)
+            }
+            MatFormat::Q8 | MatFormat::Q4 => {
+                let f = if format == MatFormat::Q8 {
+                    Format::Q8
+                } else {
+                    Format::Q4
+                };
                 QuantWeight::from_packed(f, rows, cols, bytes.to_vec()).map(Mat::Quant)
             }
-            _ => Err(format!("unknown matrix format code {code}")),
         }
     }
 
@@ -96,49 +130,110 @@ impl Mat {
     }
 }
 
-/// One transformer layer.
+/// A stored tensor: a matrix (packed) or a vector (f32).
 #[derive(Clone, Debug)]
-pub struct Layer {
-    pub attn_norm: Vec<f32>,
-    /// [q_width + 2 * kv_width, hidden]
-    pub wqkv: Mat,
-    pub bqkv: Option<Vec<f32>>,
-    /// [hidden, q_width]
-    pub wo: Mat,
-    pub bo: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    /// [2 * intermediate, hidden]
-    pub w_gate_up: Mat,
-    pub b_gate_up: Option<Vec<f32>>,
-    /// [hidden, intermediate]
-    pub w_down: Mat,
-    pub b_down: Option<Vec<f32>>,
+pub enum Stored {
+    Mat(Mat),
+    Vec(Vec<f32>),
 }
 
-/// The whole model.
+impl Stored {
+    /// [rows, cols] as the table states shapes (vectors are [1, n]).
+    pub fn shape(&self) -> [usize; 2] {
+        match self {
+            Stored::Mat(m) => [m.rows(), m.cols()],
+            Stored::Vec(v) => [1, v.len()],
+        }
+    }
+}
+
+/// Every tensor of the model, keyed by the table (`tensors.rs`): model-level tensors, then each
+/// layer's. Built by `Builder`, which checks that exactly the tensors the recipe has are present with
+/// their shapes, so the accessors below may assume what the recipe says.
 #[derive(Clone, Debug)]
 pub struct Weights {
-    /// [vocab, hidden]
-    pub embed: Mat,
-    pub layers: Vec<Layer>,
-    pub final_norm: Vec<f32>,
-    /// [vocab, hidden]; None when tied to `embed`.
-    pub lm_head: Option<Mat>,
+    model: Vec<Option<Stored>>,
+    layers: Vec<Vec<Option<Stored>>>,
 }
 
 impl Weights {
-    pub fn lm_head(&self) -> &Mat {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    pub fn new(layers: usize) -> Weights {
+        let n = TABLE.len();
+        Weights {
+            model: vec![None; n],
+            layers: vec![vec![None; n]; layers],
+        }
     }
 
-    /// Weight bytes read per decode step (every matrix once; the embedding row lookup is
-    /// negligible unless it is also the lm_head).
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn slot(&self, t: Tensor, layer: usize) -> Option<&Stored> {
+        if t.spec().per_layer {
+            self.layers.get(layer)?[t as usize].as_ref()
+        } else {
+            self.model[t as usize].as_ref()
+        }
+    }
+
+    /// Stores `s` as tensor `t` of `layer` (ignored for model-level tensors; in range for layer
+    /// tensors: the builder checks it).
+    pub fn put(&mut self, t: Tensor, layer: usize, s: Stored) {
+        if t.spec().per_layer {
+            self.layers[layer][t as usize] = Some(s);
+        } else {
+            self.model[t as usize] = Some(s);
+        }
+    }
+
+    pub fn get(&self, t: Tensor, layer: usize) -> Option<&Stored> {
+        self.slot(t, layer)
+    }
+
+    /// Matrix `t` of `layer`, when present.
+    pub fn mat_opt(&self, t: Tensor, layer: usize) -> Option<&Mat> {
+        match self.slot(t, layer) {
+            Some(Stored::Mat(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// Matrix `t` of `layer`, which the recipe guarantees (`Builder::build` checked it).
+    pub fn mat(&self, t: Tensor, layer: usize) -> &Mat {
+        self.mat_opt(t, layer)
+            .unwrap_or_else(|| panic!("{} of layer {layer} is missing", t.spec().name))
+    }
+
+    /// Vector `t` of `layer`, when present.
+    pub fn vec(&self, t: Tensor, layer: usize) -> Option<&[f32]> {
+        match self.slot(t, layer) {
+            Some(Stored::Vec(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn embed(&self) -> &Mat {
+        self.mat(Tensor::Embed, 0)
+    }
+
+    pub fn lm_head(&self) -> &Mat {
+        self.mat_opt(Tensor::LmHead, 0)
+            .unwrap_or_else(|| self.embed())
+    }
+
+    /// Weight bytes read per decode step: every matrix multiplied once (the embedding and position
+    /// rows looked up are negligible unless the embedding is also the lm_head).
     pub fn bytes_per_token(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| l.wqkv.bytes() + l.wo.bytes() + l.w_gate_up.bytes() + l.w_down.bytes())
-            .sum();
-        layers + self.lm_head().bytes()
+        let mut n = self.lm_head().bytes();
+        for t in [Tensor::ProjIn, Tensor::ProjOut] {
+            n += self.mat_opt(t, 0).map_or(0, Mat::bytes);
+        }
+        for l in 0..self.layers.len() {
+            for t in [Tensor::Qkv, Tensor::O, Tensor::Up, Tensor::Down] {
+                n += self.mat_opt(t, l).map_or(0, Mat::bytes);
+            }
+        }
+        n
     }
 }

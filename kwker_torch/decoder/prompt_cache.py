@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .decoder import KwkDecoder
+    from .runtime import KwkDecoder
 
 
 def shared_start(a: Sequence[int] | torch.Tensor, b: Sequence[int] | torch.Tensor) -> int:
@@ -38,7 +38,7 @@ def common(held: list[int], prompt: torch.Tensor) -> int:
 
 
 def held(dec: KwkDecoder, slot: int) -> list[int]:
-    return [] if dec._start_pos.get(slot, 0) else dec.slot_tokens(slot)
+    return [] if dec.start_position(slot) else dec.slot_tokens(slot)
 
 
 def seat(dec: KwkDecoder, prompt: torch.Tensor, candidates: Sequence[int], sources: Sequence[int]) -> tuple[int, int]:
@@ -85,11 +85,10 @@ def place(
         elif slots is not None:
             s, c = seat(dec, t, [chosen[i]], range(n))
         else:
-            free = sorted((s for s in range(n) if s not in chosen), key=lambda s: (dec._slot_used[s], s))
+            free = dec.lru_order([s for s in range(n) if s not in chosen])
             s, c = seat(dec, t, free, range(n))
             chosen.append(s)
-        dec._clock += 1
-        dec._slot_used[s] = dec._clock
+        dec.mark_used(s)
         cached.append(c)
         feed.append(t[c:])
     return chosen, cached, feed

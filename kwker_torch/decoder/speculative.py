@@ -30,7 +30,7 @@ import torch
 from .prompt_cache import shared_start
 
 if TYPE_CHECKING:
-    from .decoder import KwkDecoder
+    from .runtime import KwkDecoder
 
 
 def warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Which storage format each weight matrix of a ``KwkDecoder`` gets, and calibration statistics.
+"""The quantization plan: which storage format each weight matrix of a ``KwkDecoder`` gets, and calibration
+statistics.
 
 Precisions (``KwkDecoder.from_hf(model, precision=...)``, ``decode.install(model, precision=...)``):
 
@@ -6,13 +7,15 @@ Precisions (``KwkDecoder.from_hf(model, precision=...)``, ``decode.install(model
 - ``"balanced"`` / ``"int8"``: every matrix (embedding and lm_head included) as q8: 8-bit codes, one f32
   scale per 64 values (8.5 bits per weight).
 - ``"int4"``: layer matrices as q4 (4-bit codes on an asymmetric grid, f16 scale and min per 32 values:
-  5.0 bits per weight); the embedding/lm_head and the matrices in ``SENSITIVE`` as q8, chosen by measured
-  quality on the real SmolLM2-135M (BENCHMARKS.md, issue 9).
+  5.0 bits per weight); the embedding/lm_head (and OPT's projections in and out) and the matrices in
+  ``SENSITIVE`` as q8, chosen by measured quality on the real SmolLM2-135M (BENCHMARKS.md, issue 9). A family
+  may name other sensitive matrices (``Family.sensitive``) and says how its plan was chosen
+  (``Family.plan_note``, reported in ``dec.info["plan"]``).
 
 A quantized matrix's linear reads its input rounded to int8 per 32 values (``rust/src/quant.rs``); the
 rest of the forward stays float32. ``formats={"down": "q8", "down.3": "q4", "embed": "preserve", ...}``
-overrides the plan per matrix kind (``embed``, ``lm_head``, ``qkv``, ``o``, ``gate_up``, ``down``), optionally
-for one layer (``kind.layer``).
+overrides the plan per matrix (the tensor table's names: ``embed``, ``lm_head``, ``qkv``, ``o``, ``up`` (alias
+``gate_up``), ``down``, ``proj_in``, ``proj_out``), optionally for one layer (``kind.layer``).
 
 Calibration (``calib=`` a text with ``tokenizer=``, or token ids): the model runs in torch over the text and
 each linear's input columns get an importance, their mean square; the quantizers then weight each
@@ -28,13 +31,17 @@ from typing import Any
 
 import torch
 
+from .native import MATRICES
+
 log = logging.getLogger("kwker_torch")
 
-# Format codes of kwker_decoder_set_quant (rust/src/decoder/builder.rs: Store).
-FORMAT_CODES = {"q8": 1, "q4": 2}
 # Bits per stored weight (scales included); panel padding and norms/biases not counted.
 BITS = {"bf16": 16.0, "f32": 32.0, "q8": 8.5, "q4": 5.0}
-KINDS = ("embed", "lm_head", "qkv", "o", "gate_up", "down")
+# Matrices a plan may quantize: every matrix of the tensor table but the position table (a lookup).
+KINDS = tuple(m for m in MATRICES if m != "pos_embed")
+ALIASES = {"gate_up": "up"}
+# Matrices int4 keeps at 8 bits wherever they are: the embedding/lm_head and the embedding projections.
+EMBEDDING_KINDS = ("embed", "lm_head", "proj_in", "proj_out")
 # Block of k each format needs whole (rust/src/quant.rs: Format::block).
 BLOCK = {"q8": 64, "q4": 32}
 MIN_CALIB_TOKENS = 128
@@ -46,28 +53,33 @@ SENSITIVE: tuple[tuple[str, str], ...] = (("down", "ends"), ("qkv", "ends"))
 
 
 def plan(
-    precision: str, layers: int, formats: dict[str, str] | None = None
+    precision: str, layers: int, formats: dict[str, str] | None = None,
+    sensitive: tuple[tuple[str, str], ...] | None = None,
 ) -> Callable[[str, int], str]:
-    """The format ("preserve", "q8" or "q4") of matrix ``kind`` of ``layer`` (0 for embed/lm_head)."""
-    overrides = dict(formats or {})
-    for key, val in overrides.items():
+    """The format ("preserve", "q8" or "q4") of matrix ``kind`` of ``layer`` (0 for model-level matrices).
+    ``sensitive``: the family's int4 matrices kept at 8 bits (default ``SENSITIVE``)."""
+    keep8 = SENSITIVE if sensitive is None else sensitive
+    overrides: dict[str, str] = {}
+    for key, val in dict(formats or {}).items():
         kind, _, layer = key.partition(".")
+        kind = ALIASES.get(kind, kind)
         if kind not in KINDS or (layer and not layer.isdigit()):
             raise ValueError(
-                f"kwker: formats key {key!r} is not a matrix kind; expected one of {KINDS}, optionally "
-                "'kind.layer' (e.g. 'down.3')"
+                f"kwker: formats key {key!r} is not a matrix kind; expected one of {KINDS + tuple(ALIASES)}, "
+                "optionally 'kind.layer' (e.g. 'down.3')"
             )
         if val not in ("preserve", "q8", "q4"):
             raise ValueError(f"kwker: formats[{key!r}] = {val!r}; expected 'preserve', 'q8' or 'q4'")
+        overrides[f"{kind}.{layer}" if layer else kind] = val
 
     def base(kind: str, layer: int) -> str:
         if precision == "preserve":
             return "preserve"
         if precision in ("balanced", "int8"):
             return "q8"
-        if kind in ("embed", "lm_head"):
+        if kind in EMBEDDING_KINDS:
             return "q8"
-        for k, which in SENSITIVE:
+        for k, which in keep8:
             if k == kind and (which == "all" or (which == "ends" and layer in (0, layers - 1))):
                 return "q8"
         return "q4"
@@ -99,9 +111,12 @@ def calib_ids(calib: str | Sequence[int] | torch.Tensor, tokenizer: Any | None) 
     return ids
 
 
-def importance(model: torch.nn.Module, ids: torch.Tensor) -> dict[tuple[str, int], torch.Tensor]:
-    """Mean square of each input column of every linear over ``ids``, keyed (kind, layer): the float32
-    model runs in chunks of 512 tokens with hooks on q_proj, o_proj, gate_proj, down_proj and lm_head."""
+def importance(
+    model: torch.nn.Module, ids: torch.Tensor, modules: dict[tuple[str, int], torch.nn.Module]
+) -> dict[tuple[str, int], torch.Tensor]:
+    """Mean square of each input column of every matrix over ``ids``, keyed (matrix name, layer): the model
+    runs in torch in chunks of 512 tokens with a forward pre-hook on each matrix's input module (``modules``:
+    the family's ``Source.module``; a tied embedding's key is lm_head's)."""
     vocab = model.get_input_embeddings().weight.shape[0]
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ValueError(
@@ -121,12 +136,7 @@ def importance(model: torch.nn.Module, ids: torch.Tensor) -> dict[tuple[str, int
     # The model's own forward, also when decode.install() has replaced it (a rebuild after a weight change).
     installed = getattr(model, "_kwker_decode", None)
     forward = installed.original if installed is not None else model
-    handles = []
-    for i, layer in enumerate(model.model.layers):
-        a, mlp = layer.self_attn, layer.mlp
-        for mod, kind in ((a.q_proj, "qkv"), (a.o_proj, "o"), (mlp.gate_proj, "gate_up"), (mlp.down_proj, "down")):
-            handles.append(mod.register_forward_pre_hook(hook((kind, i))))
-    handles.append(model.lm_head.register_forward_pre_hook(hook(("lm_head", 0))))
+    handles = [mod.register_forward_pre_hook(hook(key)) for key, mod in modules.items()]
     try:
         from tqdm.auto import tqdm
 
@@ -141,7 +151,7 @@ def importance(model: torch.nn.Module, ids: torch.Tensor) -> dict[tuple[str, int
 
 def check_quantizable(kind: str, layer: int, fmt: str, cols: int) -> None:
     if fmt in BLOCK and cols % BLOCK[fmt]:
-        where = f"the {kind} matrix" + (f" of layer {layer}" if kind not in ("embed", "lm_head") else "")
+        where = f"the {kind} matrix" + (f" of layer {layer}" if kind not in EMBEDDING_KINDS else "")
         raise ValueError(
             f"kwker: {where} has k = {cols} inputs, not a multiple of {fmt}'s block of "
             f"{BLOCK[fmt]}; store it another way (formats={{'{kind}': 'preserve'}}) or use precision='preserve'"

@@ -1,0 +1,290 @@
+//! Building a decoder from C (called from `kwker_torch/decoder/native.py` through ctypes, which
+//! releases the GIL for each call): `kwker_decoder_builder` (the recipe as JSON and the limits), one
+//! `kwker_decoder_set` / `kwker_decoder_set_packed` per tensor, by its name in the tensor table
+//! (copied in and checked), then `kwker_decoder_build`. `kwker_decoder_abi` hands Python every code
+//! that crosses this boundary (tensor names, dtypes, formats, logits modes, finish reasons), so each
+//! is defined once, here and in the kernels crate.
+use crate::decoder_handle::{c_str, pool, raw_slice, size, write_out, Handle};
+use crate::decoder_step_ffi::{FINISH_CODES, LOGITS_CODES};
+use crate::error::guarded;
+use kwker_kernels::decoder::builder::{Builder, Data, Store};
+use kwker_kernels::decoder::recipe::{Limits, Recipe};
+use kwker_kernels::decoder::tensors::{present, TABLE};
+use kwker_kernels::decoder::weights::MatFormat;
+use kwker_kernels::quant::Format;
+use serde_json::json;
+use std::ffi::{c_char, c_void};
+use std::sync::Mutex;
+
+/// Version of this boundary; `native.py` refuses a library of another.
+pub const ABI_VERSION: u32 = 2;
+
+/// Element types a tensor can be handed over in.
+const DTYPES: [&str; 2] = ["f32", "bf16"];
+
+/// The codes of this boundary as JSON: {"version", "tensors": [{name, per_layer, matrix, about}],
+/// "dtypes", "formats", "stores", "logits": {mode: code}, "finish": {code: reason}}.
+///
+/// # Safety
+/// `out` null or writable for `cap` bytes; `needed` writable.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_abi(
+    out: *mut u8,
+    cap: usize,
+    needed: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        let tensors: Vec<_> = TABLE
+            .iter()
+            .map(|s| json!({"name": s.name, "per_layer": s.per_layer, "matrix": s.matrix, "about": s.about}))
+            .collect();
+        let abi = json!({
+            "version": ABI_VERSION,
+            "tensors": tensors,
+            "dtypes": DTYPES,
+            "formats": MatFormat::ALL.map(MatFormat::name),
+            "stores": ["as_given", "q8", "q4"],
+            "logits": LOGITS_CODES.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
+            "finish": FINISH_CODES.iter().map(|(n, c)| (c.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+        });
+        // SAFETY: forwarded caller guarantees.
+        unsafe { write_out(abi.to_string().as_bytes(), out, cap, needed) }
+    })
+}
+
+fn parse_recipe(json: &str) -> Result<Recipe, String> {
+    let r: Recipe =
+        serde_json::from_str(json).map_err(|e| format!("the recipe is malformed: {e}"))?;
+    r.check()?;
+    Ok(r)
+}
+
+/// The tensors a model of this recipe has, as JSON [{name, layer, rows, cols}] (model-level first,
+/// then layer by layer, in table order): what the caller must hand over.
+///
+/// # Safety
+/// `recipe` a NUL-terminated string; `out` null or writable for `cap` bytes; `needed` writable.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_recipe_tensors(
+    recipe: *const c_char,
+    out: *mut u8,
+    cap: usize,
+    needed: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantee.
+        let r = parse_recipe(unsafe { c_str(recipe, "the recipe")? })?;
+        let list: Vec<_> = present(&r)
+            .into_iter()
+            .map(|(t, l, [rows, cols])| json!({"name": t.spec().name, "layer": l, "rows": rows, "cols": cols}))
+            .collect();
+        // SAFETY: forwarded caller guarantees.
+        unsafe {
+            write_out(
+                serde_json::Value::from(list).to_string().as_bytes(),
+                out,
+                cap,
+                needed,
+            )
+        }
+    })
+}
+
+/// Starts a decoder from its recipe (JSON) and limits; returns a builder handle, or null with a
+/// message.
+///
+/// # Safety
+/// `recipe` a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_builder(
+    recipe: *const c_char,
+    slots: i64,
+    max_context: i64,
+    chunk_rows: i64,
+    err: *mut c_char,
+    err_len: usize,
+) -> *mut c_void {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantee.
+        let r = parse_recipe(unsafe { c_str(recipe, "the recipe")? })?;
+        let limits = Limits {
+            slots: size(slots, "max_batch")?,
+            max_context: size(max_context, "max_context")?,
+            chunk_rows: size(chunk_rows, "chunk_rows")?,
+        };
+        let mut b = Builder::new(r, limits)?;
+        // Quantization runs on as many threads as steps will (KWKER_NUM_THREADS, or torch's count).
+        b.set_threads(pool().threads());
+        out = Box::into_raw(Box::new(b)) as *mut c_void;
+        Ok(())
+    });
+    out
+}
+
+/// # Safety
+/// `b` must be a live builder handle, used by one thread at a time.
+unsafe fn builder<'a>(b: *mut c_void) -> Result<&'a mut Builder, String> {
+    if b.is_null() {
+        return Err("the builder handle is null".into());
+    }
+    // SAFETY: a live builder (caller's contract).
+    Ok(unsafe { &mut *(b as *mut Builder) })
+}
+
+/// Copies tensor `name` of `layer` into a builder: `dtype` "f32" or "bf16", `rows * cols` elements at
+/// `data`; `store` "as_given" (matrices keep their dtype, vectors become f32), "q8" or "q4"
+/// (quantized; `importance`, when not null, holds `cols` f32 values: the mean square of each input
+/// column over a calibration text).
+///
+/// # Safety
+/// `b` a live builder handle; the strings NUL-terminated; `data` holds `rows * cols` elements of
+/// `dtype`; `importance` null or holding `cols` f32s.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_decoder_set(
+    b: *mut c_void,
+    name: *const c_char,
+    layer: i64,
+    dtype: *const c_char,
+    data: *const c_void,
+    rows: i64,
+    cols: i64,
+    store: *const c_char,
+    importance: *const f32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantees (here and below).
+        let bd = unsafe { builder(b)? };
+        let (name, dtype, store) = unsafe {
+            (
+                c_str(name, "the tensor name")?,
+                c_str(dtype, "the dtype")?,
+                c_str(store, "the store")?,
+            )
+        };
+        let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
+        let n = rows.checked_mul(cols).ok_or("the tensor size overflows")?;
+        if data.is_null() && n > 0 {
+            return Err(format!("{name}: the tensor data is null"));
+        }
+        // SAFETY: data holds rows * cols elements of dtype (caller's contract).
+        let d = unsafe {
+            match dtype {
+                "f32" => Data::F32(raw_slice(data as *const f32, n)),
+                "bf16" => Data::Bf16(raw_slice(data as *const u16, n)),
+                _ => {
+                    return Err(format!(
+                        "unknown dtype {dtype:?}; expected one of {DTYPES:?}"
+                    ))
+                }
+            }
+        };
+        // SAFETY: importance, when not null, holds cols f32s (caller's contract).
+        let imp = (!importance.is_null()).then(|| unsafe { raw_slice(importance, cols) });
+        let store = match store {
+            "as_given" => Store::AsGiven,
+            "q8" => Store::Quant(Format::Q8, imp),
+            "q4" => Store::Quant(Format::Q4, imp),
+            _ => {
+                return Err(format!(
+                    "unknown store {store:?}; expected as_given, q8 or q4"
+                ))
+            }
+        };
+        bd.set(name, size(layer, "layer")?, d, rows, cols, store)
+    })
+}
+
+/// Copies one saved packed matrix (its format's name as `kwker_decoder_export` reported it) into a
+/// builder.
+///
+/// # Safety
+/// `b` a live builder handle; the strings NUL-terminated; `data` holds `len` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_decoder_set_packed(
+    b: *mut c_void,
+    name: *const c_char,
+    layer: i64,
+    format: *const c_char,
+    data: *const u8,
+    len: usize,
+    rows: i64,
+    cols: i64,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantees (here and below).
+        let bd = unsafe { builder(b)? };
+        let (name, format) = unsafe {
+            (
+                c_str(name, "the tensor name")?,
+                c_str(format, "the format")?,
+            )
+        };
+        let f = MatFormat::from_name(format)
+            .ok_or_else(|| format!("unknown matrix format {format:?}"))?;
+        // SAFETY: data holds len bytes (caller's contract); null only when len is 0.
+        let bytes = unsafe { raw_slice(data, len) };
+        let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
+        bd.set_packed(name, size(layer, "layer")?, f, rows, cols, bytes)
+    })
+}
+
+/// Builds the decoder, consuming (and freeing) the builder either way; null with a message on error.
+///
+/// # Safety
+/// `b` must be a live builder handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_build(
+    b: *mut c_void,
+    err: *mut c_char,
+    err_len: usize,
+) -> *mut c_void {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    guarded(err, err_len, || {
+        if b.is_null() {
+            return Err("the builder handle is null".into());
+        }
+        // SAFETY: ownership returns from Box::into_raw in kwker_decoder_builder.
+        let builder = unsafe { Box::from_raw(b as *mut Builder) };
+        let dec = builder.build()?;
+        out = Box::into_raw(Box::new(Handle {
+            dec: Mutex::new(dec),
+        })) as *mut c_void;
+        Ok(())
+    });
+    out
+}
+
+/// Frees an unbuilt builder (null is ignored).
+///
+/// # Safety
+/// `b` must be a builder handle not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_builder_free(b: *mut c_void) {
+    if !b.is_null() {
+        // SAFETY: ownership returns from Box::into_raw.
+        drop(unsafe { Box::from_raw(b as *mut Builder) });
+    }
+}
+
+/// Frees a decoder (null is ignored).
+///
+/// # Safety
+/// `h` must be a decoder handle not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_free(h: *mut c_void) {
+    if !h.is_null() {
+        // SAFETY: ownership returns from Box::into_raw in kwker_decoder_build.
+        drop(unsafe { Box::from_raw(h as *mut Handle) });
+    }
+}

@@ -1,0 +1,119 @@
+//! Reading a built decoder back out, for `KwkDecoder.save` and reports: its recipe and limits as JSON,
+//! the list of tensors it holds with their stored formats, each tensor's bytes exactly as stored
+//! (`kwker_decoder_export`; `kwker_decoder_set_packed` takes them back), and the weight bytes a decode
+//! step reads.
+use crate::decoder_handle::{c_str, handle, lock, size, write_out};
+use crate::error::guarded;
+use kwker_kernels::decoder::tensors::{present, Tensor};
+use kwker_kernels::decoder::weights::Stored;
+use serde_json::json;
+use std::ffi::{c_char, c_void};
+
+/// {"recipe": ..., "limits": {...}} of a built decoder, as JSON.
+///
+/// # Safety
+/// `h` a live decoder; `out` null or writable for `cap` bytes; `needed` writable.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_describe(
+    h: *mut c_void,
+    out: *mut u8,
+    cap: usize,
+    needed: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantees (here and below).
+        let h = unsafe { handle(h)? };
+        let dec = lock(h);
+        let w = dec.weights();
+        let tensors: Vec<_> = present(dec.recipe())
+            .into_iter()
+            .map(|(t, l, [rows, cols])| {
+                let format = match w.get(t, l) {
+                    Some(Stored::Mat(m)) => m.format().name(),
+                    _ => "vector",
+                };
+                json!({"name": t.spec().name, "layer": l, "rows": rows, "cols": cols, "format": format})
+            })
+            .collect();
+        let d = json!({"recipe": dec.recipe(), "limits": dec.limits(), "tensors": tensors});
+        unsafe { write_out(d.to_string().as_bytes(), out, cap, needed) }
+    })
+}
+
+/// Tensor `name` of `layer` as stored: writes its format's name (NUL-terminated, into `fmt`, 16
+/// bytes: "f32", "bf16", "q8", "q4", or "vector" for an f32 vector), its shape, and its bytes into
+/// `buf` when not null (`needed` gets the byte count; an error if `buf_len` is too small).
+///
+/// # Safety
+/// `h` a live decoder; `name` NUL-terminated; `fmt` writable for 16 bytes; the out-pointers valid;
+/// `buf` null or holding `buf_len` bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_decoder_export(
+    h: *mut c_void,
+    name: *const c_char,
+    layer: i64,
+    fmt: *mut c_char,
+    rows: *mut i64,
+    cols: *mut i64,
+    buf: *mut u8,
+    buf_len: usize,
+    needed: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantees (here and below).
+        let h = unsafe { handle(h)? };
+        let name = unsafe { c_str(name, "the tensor name")? };
+        if fmt.is_null() || rows.is_null() || cols.is_null() || needed.is_null() {
+            return Err("null output pointer".into());
+        }
+        let t = Tensor::by_name(name).ok_or_else(|| format!("unknown tensor name {name:?}"))?;
+        let layer = size(layer, "layer")?;
+        let dec = lock(h);
+        let s = dec
+            .weights()
+            .get(t, layer)
+            .ok_or_else(|| format!("this decoder holds no {name} for layer {layer}"))?;
+        let (format, [r, c], bytes): (&str, [usize; 2], Vec<u8>) = match s {
+            Stored::Mat(m) => (m.format().name(), s.shape(), m.packed_bytes()),
+            Stored::Vec(v) => (
+                "vector",
+                s.shape(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+        };
+        // SAFETY: valid out-pointers (caller's contract, null-checked above); fmt holds 16 bytes and
+        // every format name is shorter.
+        unsafe {
+            std::ptr::copy_nonoverlapping(format.as_ptr(), fmt as *mut u8, format.len());
+            *fmt.add(format.len()) = 0;
+            *rows = r as i64;
+            *cols = c as i64;
+        }
+        if !buf.is_null() && buf_len < bytes.len() {
+            return Err(format!(
+                "the buffer holds {buf_len} bytes, the tensor needs {}",
+                bytes.len()
+            ));
+        }
+        // SAFETY: as above; buf (when not null) holds buf_len >= bytes.len() bytes.
+        unsafe { write_out(&bytes, buf, buf_len, needed) }
+    })
+}
+
+/// Weight bytes the decoder reads per decode step.
+///
+/// # Safety
+/// `h` a live decoder.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_weight_bytes(h: *mut c_void) -> i64 {
+    // SAFETY: forwarded caller guarantee.
+    match unsafe { handle(h) } {
+        Ok(h) => lock(h).weights().bytes_per_token() as i64,
+        Err(_) => -1,
+    }
+}

@@ -1,0 +1,181 @@
+"""``KwkDecoder.from_hf``: a loaded Hugging Face causal LM into a native decoder.
+
+The model's family (``families/``) gives the recipe and the tensors by table name; the tensor table of that
+recipe (``native.recipe_tensors``, from Rust) says which tensors must come and their shapes, so a mapping
+that forgets one, adds one, or shapes one wrongly is refused by name before anything runs. Each matrix is
+stored as the plan says (``plan.py``): as given (bf16 stays bf16; float32 that is exactly bf16-valued is
+stored as bf16, the same numbers in half the bytes) or quantized; vectors become float32.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import families, native, plan
+from .plan import BITS
+from .runtime import CHUNK_ROWS, PRECISIONS, eos_ids
+
+log = logging.getLogger("kwker_torch")
+
+
+def bf16_exact(w: torch.Tensor) -> bool:
+    """True when every value of a float32 tensor is exactly representable in bfloat16."""
+    return w.dtype == torch.float32 and torch.equal(w, w.to(torch.bfloat16).to(torch.float32))
+
+
+def _matrix(t: torch.Tensor) -> torch.Tensor:
+    """A weight matrix as stored: bf16 as is, float32 as bf16 when exactly representable, else float32."""
+    t = t.detach()
+    if t.dtype == torch.float32 and bf16_exact(t):
+        return t.to(torch.bfloat16).contiguous()
+    return t.contiguous()
+
+
+def _mem_total() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_model(model: torch.nn.Module) -> tuple[families.Family, dict[str, Any]]:
+    """The model's family and recipe if KwkDecoder can run it; else a ValueError naming what is not
+    supported (the architecture, a config field, the device or the dtype) and what to do."""
+    families.family_of(model)  # the architecture first: its error is the most useful
+    params = list(model.parameters())
+    if any(p.device.type != "cpu" for p in params):
+        raise ValueError("kwker: the model is not on the CPU; call model.to('cpu') first (KwkDecoder is CPU-only)")
+    dtypes = {p.dtype for p in params}
+    if not dtypes <= {torch.float32, torch.bfloat16}:
+        bad = sorted(str(d) for d in dtypes - {torch.float32, torch.bfloat16})
+        raise ValueError(
+            f"kwker: the model holds {', '.join(bad)} weights; KwkDecoder takes float32 or bfloat16 "
+            "(load it with dtype=torch.bfloat16 or torch.float32)"
+        )
+    return families.read(model)
+
+
+def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_context: Any) -> tuple[int, int]:
+    if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+        raise ValueError(f"kwker: max_batch must be a positive int (sequence slots), got {max_batch!r}")
+    cfg = model.config
+    limit = next((int(getattr(cfg, n)) for n in families.MAX_POSITIONS if getattr(cfg, n, None)), 4096)
+    if max_context is None:
+        max_context = min(limit, 4096)
+    if not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1:
+        raise ValueError(f"kwker: max_context must be a positive int, got {max_context!r}")
+    learned = recipe["positions"].get("learned")
+    if learned is not None and max_context > learned["len"] - learned["offset"]:
+        raise ValueError(
+            f"kwker: max_context={max_context} is more than this model's {learned['len'] - learned['offset']} learned "
+            "positions (max_position_embeddings / n_positions); use a smaller max_context"
+        )
+    kv_bytes = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
+    total = _mem_total()
+    if total is not None and kv_bytes > 0.8 * total:
+        raise ValueError(
+            f"kwker: a KV cache for max_batch={max_batch} x max_context={max_context} needs "
+            f"{kv_bytes / 2**30:.1f} GiB, more than this machine's memory allows ({total / 2**30:.1f} GiB); "
+            "lower max_batch or max_context"
+        )
+    return max_batch, max_context
+
+
+def from_hf(
+    cls: Any,
+    model: torch.nn.Module,
+    precision: str = "preserve",
+    max_batch: int = 1,
+    max_context: int | None = None,
+    *,
+    calib: str | Sequence[int] | torch.Tensor | None = None,
+    tokenizer: Any | None = None,
+    formats: dict[str, str] | None = None,
+) -> Any:
+    if precision not in PRECISIONS:
+        raise ValueError(f"kwker: unknown precision {precision!r}; expected one of {PRECISIONS}")
+    fam, recipe = check_model(model)
+    choose = plan.plan(precision, recipe["layers"], formats, fam.sensitive)
+    max_batch, max_context = _limits(model, recipe, max_batch, max_context)
+    wanted = native.recipe_tensors(recipe)
+    with torch.no_grad():
+        sources = {(s.name, s.layer): s for s in fam.tensors(model, recipe)}
+    need = {(t["name"], t["layer"]) for t in wanted}
+    extra = sorted(set(sources) - need)
+    if extra:
+        raise ValueError(f"kwker: the {fam.name} mapping gives tensors its recipe has no place for: {extra}")
+    imp = None  # calibration last among the checks: it runs the model over the whole text
+    if calib is not None:
+        if precision == "preserve" and not formats:
+            raise ValueError(
+                "kwker: calib= only applies to quantized precisions ('int8', 'int4'); drop it for preserve"
+            )
+        modules = {k: s.module for k, s in sources.items() if s.module is not None}
+        modules[("lm_head", 0)] = model.lm_head  # a tied embedding is calibrated as the lm_head it also is
+        imp = plan.importance(model, plan.calib_ids(calib, tokenizer), modules)
+    builder = native.Builder(recipe, max_batch, max_context, CHUNK_ROWS)
+    info: dict[str, Any] = {
+        "family": fam.name, "precision": precision, "bf16_matrices": 0, "f32_matrices": 0, "q8_matrices": 0,
+        "q4_matrices": 0, "tied_embeddings": recipe["tied_embeddings"], "calibrated": imp is not None, "formats": {},
+        "plan": fam.plan_note if precision == "int4" else None,
+    }  # fmt: skip
+    bits = [0.0, 0]  # stored bits and weights of every matrix, for bits_per_weight
+    quantizing = any(choose(n, i) != "preserve" for n in plan.KINDS for i in range(recipe["layers"]))
+    rows: Any = wanted
+    if quantizing:
+        from tqdm.auto import tqdm
+
+        rows = tqdm(wanted, desc="kwker: quantizing", unit="tensor")
+    with torch.no_grad():
+        for t in rows:
+            key = (t["name"], t["layer"])
+            src = sources.get(key)
+            if src is None:
+                where = f" of layer {t['layer']}" if native.TENSORS[t["name"]]["per_layer"] else ""
+                raise ValueError(f"kwker: the {fam.name} mapping did not give {t['name']}{where} (its recipe needs it)")
+            _put(builder, src, choose, info, bits, imp, recipe["tied_embeddings"])
+    h = builder.build()
+    info["weight_bytes_per_token"] = int(native.LIB.kwker_decoder_weight_bytes(h))
+    info["kv_bytes"] = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
+    dec = cls(h, model.config, recipe["vocab"], max_batch, max_context, info, eos_ids(model), fam.name)
+    log.info(
+        "kwker: KwkDecoder for %s (%s, %s): %d bf16, %d float32, %d q8 and %d q4 matrices (%.2f bits per weight), "
+        "%.0f MB of weights per token, KV cache %.0f MB (float32, %d slots x %d positions)",
+        type(model).__name__, fam.name, precision, info["bf16_matrices"], info["f32_matrices"], info["q8_matrices"],
+        info["q4_matrices"], info["bits_per_weight"], info["weight_bytes_per_token"] / 1e6, info["kv_bytes"] / 1e6,
+        max_batch, max_context,
+    )  # fmt: skip
+    return dec
+
+
+def _put(b: native.Builder, src: families.Source, choose: Any, info: dict, bits: list, imp: Any,
+         tied: bool) -> None:  # fmt: skip
+    name, layer = src.name, src.layer
+    matrix = native.TENSORS[name]["matrix"]
+    fmt = choose(name, layer) if matrix and name in plan.KINDS else "preserve"
+    if not matrix:
+        b.set(name, layer, src.value.detach().float().contiguous())
+        return
+    t = _matrix(src.value)
+    stored = fmt if fmt != "preserve" else ("bf16" if t.dtype == torch.bfloat16 else "f32")
+    if name != "pos_embed":  # a lookup table, not multiplied: not counted as weights read
+        info[f"{stored}_matrices"] += 1
+        info["formats"][f"{name}.{layer}"] = stored
+        bits[0] += BITS[stored] * t.numel()
+        bits[1] += t.numel()
+        info["bits_per_weight"] = bits[0] / bits[1]
+    if fmt == "preserve":
+        b.set(name, layer, t)
+        return
+    plan.check_quantizable(name, layer, fmt, t.shape[1])
+    key = ("lm_head", 0) if name == "embed" and tied else (name, layer)
+    w = imp.get(key) if imp is not None else None
+    b.set(name, layer, t, fmt, w)

@@ -1,0 +1,81 @@
+"""Gemma 2 and Gemma 3 text models (``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``): Llama's layout with
+"sandwich" norms (a norm before and after attention and MLP), RMSNorm weights applied as ``1 + w``
+(folded in at load, bit-exactly: the model computes ``1.0 + w.float()`` in float32 itself), the
+embeddings scaled by sqrt(hidden), the attention scaled by ``query_pre_attn_scalar ** -0.5``, sliding
+windows on the layers ``layer_types`` names, GELU (tanh). Gemma 2 soft-caps attention scores and final
+logits; Gemma 3 adds per-head q/k norms and a rotary table per layer type (local and global bases).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import f32, norm, one_plus, rope_table, windows_from_types
+from .fields import Fields
+from .llama import LlamaStyle
+
+
+class Gemma2(LlamaStyle):
+    name = "Gemma 2"
+    model_types = ("gemma2",)
+    NORMS = {
+        "attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+        "mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
+    }  # fmt: skip
+    placement = "sandwich"
+    act_field = "hidden_activation"
+
+    def norm_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return one_plus(w)
+
+    def attn_scale(self, f: Fields, head_dim: int) -> float:
+        return float(f["query_pre_attn_scalar"]) ** -0.5
+
+    def windows(self, f: Fields, layers: int) -> list[int | None]:
+        return windows_from_types(f, layers)
+
+    def bias_fields(self, f: Fields) -> None:
+        f["attention_bias"]
+        if f["use_bidirectional_attention"]:
+            raise f.refuse("use_bidirectional_attention", "bidirectional attention is not a causal LM's")
+
+    def embed_scale(self, f: Fields, model: torch.nn.Module) -> float:
+        # Gemma2Model: hidden_states * torch.tensor(hidden_size ** 0.5, dtype=hidden_states.dtype); float32
+        # in the float32 forward the decoder matches.
+        return f32(float(f["hidden_size"]) ** 0.5)
+
+    def scalars(self, f: Fields, model: torch.nn.Module) -> dict[str, Any]:
+        out: dict[str, Any] = {"embed_scale": self.embed_scale(f, model)}
+        for field, key in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "final_softcap")):
+            cap = f[field]
+            if cap is not None:
+                out[key] = f32(cap)
+        return out
+
+
+class Gemma3(Gemma2):
+    name = "Gemma 3"
+    model_types = ("gemma3_text",)
+
+    def qk_norm(self, f: Fields) -> dict[str, Any] | None:
+        return {"norm": norm("rms", f["rms_norm_eps"]), "scope": "head", "per_head_weights": False}
+
+    def embed_scale(self, f: Fields, model: torch.nn.Module) -> float:
+        # Gemma3TextScaledWordEmbedding multiplies by its embed_scale buffer, cast to the weights' dtype:
+        # a bf16 model's buffer holds the bf16-rounded sqrt(hidden), and that is what it multiplies by.
+        f["hidden_size"]
+        return float(self.inner(model).embed_tokens.embed_scale.float())
+
+    def rope_tables(self, f: Fields, inner: torch.nn.Module, head_dim: int) -> tuple[list[dict], list[int]]:
+        types = list(f["layer_types"])
+        order = sorted(set(types))
+        tables = [rope_table(f, inner.rotary_emb, t) for t in order]
+        for t in tables:
+            if 2 * len(t["inv_freq"]) != head_dim:
+                raise ValueError("kwker: Gemma 3 with a partial rotary table is not supported")
+        return tables, [order.index(t) for t in types]
+
+
+FAMILIES = (Gemma2(), Gemma3())

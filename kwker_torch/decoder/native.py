@@ -1,0 +1,187 @@
+"""The decoder's C entry points (``csrc-shim/src/decoder_*_ffi.rs``) through ctypes, which releases the GIL
+for each call, and every code that crosses that boundary, read from the library itself
+(``kwker_decoder_abi``): tensor names, dtypes, storage formats, logits modes and finish reasons are defined
+once, in Rust, and nowhere here.
+
+Calls that return JSON or bytes use a two-call protocol (ask with a buffer, learn the size needed, ask
+again); every call reports failures as a message that ``check`` raises.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import _native
+
+ABI_VERSION = 2
+ERR_LEN = 2048
+
+LIB = _native.LIB
+P, I64, I32, SZ = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_size_t
+STR = ctypes.c_char_p
+i64p, i32p, f32p = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
+SZP = ctypes.POINTER(ctypes.c_size_t)
+
+
+class GenParams(ctypes.Structure):
+    """= ``KwkGenParams`` in decoder_step_ffi.rs."""
+
+    _fields_ = [
+        ("max_new", ctypes.c_int64), ("temperature", ctypes.c_double), ("top_k", ctypes.c_int64),
+        ("top_p", ctypes.c_double), ("seed", ctypes.c_uint64), ("max_draft", ctypes.c_int64),
+    ]  # fmt: skip
+
+
+CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+
+_SIGS: dict[str, tuple[Any, list[Any]]] = {
+    "kwker_decoder_abi": (I32, [P, SZ, SZP, STR, SZ]),
+    "kwker_recipe_tensors": (I32, [STR, P, SZ, SZP, STR, SZ]),
+    "kwker_decoder_builder": (P, [STR, I64, I64, I64, STR, SZ]),
+    "kwker_decoder_set": (I32, [P, STR, I64, STR, P, I64, I64, STR, P, STR, SZ]),
+    "kwker_decoder_set_packed": (I32, [P, STR, I64, STR, P, SZ, I64, I64, STR, SZ]),
+    "kwker_decoder_build": (P, [P, STR, SZ]),
+    "kwker_decoder_builder_free": (None, [P]),
+    "kwker_decoder_free": (None, [P]),
+    "kwker_decoder_describe": (I32, [P, P, SZ, SZP, STR, SZ]),
+    "kwker_decoder_export": (I32, [P, STR, I64, STR, i64p, i64p, P, SZ, SZP, STR, SZ]),
+    "kwker_decoder_weight_bytes": (I64, [P]),
+    "kwker_decoder_step": (I32, [P, I64, i64p, i64p, i64p, i32p, f32p, I64, STR, SZ]),
+    "kwker_decoder_slot_len": (I64, [P, I64]),
+    "kwker_decoder_slot_tokens": (I32, [P, I64, i64p, I64, STR, SZ]),
+    "kwker_decoder_truncate": (I32, [P, I64, I64, STR, SZ]),
+    "kwker_decoder_copy_prefix": (I32, [P, I64, I64, I64, STR, SZ]),
+    "kwker_decoder_set_position": (I32, [P, I64, I64, STR, SZ]),
+    "kwker_decoder_pool_stalls": (I64, []),
+    "kwker_decoder_generate": (
+        I32,
+        [P, I64, i64p, i64p, i64p, ctypes.POINTER(GenParams), i64p, I64, i64p, i64p, i32p, i64p, CALLBACK, P, STR,
+         SZ],
+    ),  # fmt: skip
+}
+for _name, (_res, _args) in _SIGS.items():
+    _fn = getattr(LIB, _name)
+    _fn.restype, _fn.argtypes = _res, _args
+
+
+class DecoderError(RuntimeError):
+    """A decoder call was refused (bad input) or failed; the message says what to do."""
+
+
+def err_buf() -> Any:
+    return ctypes.create_string_buffer(ERR_LEN)
+
+
+def check(rc: int, err: Any, exc: type[Exception] = DecoderError) -> None:
+    """Raises ``exc`` with the library's message when ``rc`` is non-zero."""
+    if rc:
+        raise exc(f"kwker: {err.value.decode()}")
+
+
+def sized(fn: Callable[..., int], *args: Any, exc: type[Exception] = DecoderError) -> bytes:
+    """The bytes a two-call entry point ``fn(*args, out, cap, needed, err, err_len)`` returns."""
+    err, need = err_buf(), ctypes.c_size_t()
+    cap = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(cap)
+        check(fn(*args, buf, cap, ctypes.byref(need), err, ERR_LEN), err, exc)
+        if need.value <= cap:
+            return buf.raw[: need.value]
+        cap = need.value
+
+
+def _abi() -> dict[str, Any]:
+    abi = json.loads(sized(LIB.kwker_decoder_abi, exc=ImportError))
+    if abi["version"] != ABI_VERSION:
+        raise ImportError(
+            f"kwker_torch: the native library speaks decoder ABI {abi['version']}, this package {ABI_VERSION}; "
+            "rebuild it with `pip install --no-build-isolation -e .`"
+        )
+    return abi
+
+
+ABI = _abi()
+TENSORS: dict[str, dict[str, Any]] = {t["name"]: t for t in ABI["tensors"]}
+MATRICES = tuple(n for n, t in TENSORS.items() if t["matrix"])
+LOGITS: dict[str, int] = ABI["logits"]
+FINISH: dict[int, str] = {int(c): n for c, n in ABI["finish"].items()}
+DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
+assert set(DTYPES.values()) == set(ABI["dtypes"]), "the library's dtypes changed; update native.DTYPES"
+
+
+def recipe_tensors(recipe: dict[str, Any]) -> list[dict[str, Any]]:
+    """[{name, layer, rows, cols}] of every tensor a model of ``recipe`` has (ValueError if the recipe is
+    refused)."""
+    return json.loads(sized(LIB.kwker_recipe_tensors, json.dumps(recipe).encode(), exc=ValueError))
+
+
+def ptr(t: torch.Tensor, ctype: Any) -> Any:
+    return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctype))
+
+
+def i64(values: Any) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=torch.int64).contiguous()
+
+
+class Builder:
+    """A decoder under construction: the recipe and limits, then tensors by name, then ``build()`` (a
+    handle). Freed if not built."""
+
+    def __init__(self, recipe: dict[str, Any], slots: int, max_context: int, chunk_rows: int) -> None:
+        self.err = err_buf()
+        self.b = LIB.kwker_decoder_builder(json.dumps(recipe).encode(), slots, max_context, chunk_rows, self.err,
+                                           ERR_LEN)  # fmt: skip
+        if not self.b:
+            raise ValueError(f"kwker: {self.err.value.decode()}")
+
+    def set(self, name: str, layer: int, t: torch.Tensor, store: str = "as_given",
+            importance: torch.Tensor | None = None) -> None:  # fmt: skip
+        """Copies ``t`` (2-D matrix or 1-D vector, float32 or bfloat16, contiguous) in as tensor ``name``."""
+        rows, cols = (t.shape[0], t.shape[1]) if t.dim() == 2 else (1, t.shape[0])
+        imp = importance.data_ptr() if importance is not None else None
+        rc = LIB.kwker_decoder_set(self.b, name.encode(), layer, DTYPES[t.dtype].encode(), t.data_ptr(), rows, cols,
+                                   store.encode(), imp, self.err, ERR_LEN)  # fmt: skip
+        check(rc, self.err, ValueError)
+
+    def set_packed(self, name: str, layer: int, fmt: str, data: torch.Tensor, rows: int, cols: int) -> None:
+        rc = LIB.kwker_decoder_set_packed(self.b, name.encode(), layer, fmt.encode(), data.data_ptr(), data.numel(),
+                                          rows, cols, self.err, ERR_LEN)  # fmt: skip
+        check(rc, self.err, ValueError)
+
+    def build(self) -> int:
+        b, self.b = self.b, None
+        h = LIB.kwker_decoder_build(b, self.err, ERR_LEN)
+        if not h:
+            raise ValueError(f"kwker: {self.err.value.decode()}")
+        return h
+
+    def __del__(self) -> None:
+        if getattr(self, "b", None):
+            LIB.kwker_decoder_builder_free(self.b)
+            self.b = None
+
+
+def describe(h: Any) -> dict[str, Any]:
+    """{"recipe", "limits", "tensors": [{name, layer, rows, cols, format}]} of a built decoder."""
+    return json.loads(sized(LIB.kwker_decoder_describe, h))
+
+
+def export(h: Any, name: str, layer: int) -> tuple[str, int, int, bytes]:
+    """(format, rows, cols, bytes) of one stored tensor, exactly as the decoder holds it."""
+    err, fmt = err_buf(), ctypes.create_string_buffer(16)
+    rows, cols, need = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_size_t()
+    args = (h, name.encode(), layer, fmt, ctypes.byref(rows), ctypes.byref(cols))
+    check(LIB.kwker_decoder_export(*args, None, 0, ctypes.byref(need), err, ERR_LEN), err, ValueError)
+    buf = (ctypes.c_uint8 * max(need.value, 1))()
+    check(LIB.kwker_decoder_export(*args, buf, need.value, ctypes.byref(need), err, ERR_LEN), err, ValueError)
+    return fmt.value.decode(), rows.value, cols.value, bytes(buf)[: need.value]
+
+
+def pool_stalls() -> int:
+    """Times the decoder's thread pool ran a step alone because a worker thread was not scheduled."""
+    return int(LIB.kwker_decoder_pool_stalls())

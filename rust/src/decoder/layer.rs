@@ -1,0 +1,163 @@
+//! One layer over a window of rows, composed as the recipe says (`recipe::Block`, `Placement`):
+//!
+//!   sequential:  x += rs * post(attn(pre(x)));  x += rs * post(mlp(pre(x)))
+//!                pre = attn_norm / mlp_norm (Pre, Sandwich) or nothing (Post, PostResidual);
+//!                post = post_attn_norm / post_mlp_norm (Sandwich, Post) or nothing (Pre);
+//!                PostResidual norms the sum instead: x = post(x + f(x))
+//!   parallel:    h = attn_norm(x);  x = (attn(h) + mlp(mlp_norm(x) or h)) + x,
+//!                or (x + attn(h)) + mlp(...), as the model rounds it
+//!   mlp:         down(act(gate h) * up h) when gated, else down(act(up h)), biases as the recipe has
+//!
+//! Numerical contract: as `forward.rs` (float32; each part as its module's contract).
+
+use super::attend::{self, AttnBufs};
+use super::cache::KvCache;
+use super::forward::{lin, Model, Row, Scratch, Segment};
+use super::norm::{norm_rows, norm_rows_in_place};
+use super::ops;
+use super::recipe::{Block, Placement, Recipe};
+use super::rope::Table;
+use super::tensors::Tensor;
+use super::weights::Weights;
+use crate::isa::Isa;
+use crate::par::Parallel;
+use crate::vmath;
+
+/// Norm `weight` (and its bias tensor `bias`) of layer `l` over `m` rows of `x` into `out`.
+fn norm_into(r: &Recipe, w: &Weights, l: usize, t: [Tensor; 2], x: &[f32], out: &mut [f32]) {
+    let hd = r.hidden;
+    norm_rows(&r.norm, w.vec(t[0], l), w.vec(t[1], l), hd, x, out);
+}
+
+fn norm_here(r: &Recipe, w: &Weights, l: usize, t: [Tensor; 2], x: &mut [f32]) {
+    norm_rows_in_place(&r.norm, w.vec(t[0], l), w.vec(t[1], l), r.hidden, x);
+}
+
+const ATTN_NORM: [Tensor; 2] = [Tensor::AttnNorm, Tensor::AttnNormBias];
+const MLP_NORM: [Tensor; 2] = [Tensor::MlpNorm, Tensor::MlpNormBias];
+const POST_ATTN: [Tensor; 2] = [Tensor::PostAttnNorm, Tensor::PostAttnNormBias];
+const POST_MLP: [Tensor; 2] = [Tensor::PostMlpNorm, Tensor::PostMlpNormBias];
+
+/// Layer `l` over the window's `rows` (their segments `segs`), in place on `s.x`.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    model: &Model<'_>,
+    tables: &[&Table],
+    isa: Isa,
+    par: &dyn Parallel,
+    cache: &mut KvCache,
+    s: &mut Scratch,
+    rows: &[Row],
+    segs: &[Segment],
+    l: usize,
+) {
+    let (r, w) = (model.r, model.w);
+    let n = rows.len() * r.hidden;
+    // Disjoint buffers of the scratch, borrowed apart.
+    let Scratch {
+        x,
+        h,
+        qkv,
+        attn,
+        a,
+        gu,
+        act,
+        f,
+        tmp,
+        ..
+    } = s;
+    let (x, h, a, f) = (&mut x[..n], &mut h[..n], &mut a[..n], &mut f[..n]);
+    let mut bufs = AttnBufs { qkv, attn, tmp };
+    let m = rows.len();
+    let mut attention = |input: &[f32], out: &mut [f32]| {
+        attend::sublayer(
+            model, tables, isa, par, cache, input, &mut bufs, out, rows, segs, l,
+        )
+    };
+    let mut run_mlp =
+        |input: &[f32], out: &mut [f32]| mlp(r, w, isa, par, input, gu, act, out, m, l);
+    match r.block {
+        Block::Sequential => {
+            let pre = matches!(r.placement, Placement::Pre | Placement::Sandwich);
+            let post_out = matches!(r.placement, Placement::Sandwich | Placement::Post);
+            let post_sum = r.placement == Placement::PostResidual;
+            if pre {
+                norm_into(r, w, l, ATTN_NORM, x, h);
+                attention(h, a);
+            } else {
+                attention(x, a);
+            }
+            if post_out {
+                norm_here(r, w, l, POST_ATTN, a);
+            }
+            ops::add_scaled(x, a, r.residual_scale);
+            if post_sum {
+                norm_here(r, w, l, POST_ATTN, x);
+            }
+            if pre {
+                norm_into(r, w, l, MLP_NORM, x, h);
+                run_mlp(h, f);
+            } else {
+                run_mlp(x, f);
+            }
+            if post_out {
+                norm_here(r, w, l, POST_MLP, f);
+            }
+            ops::add_scaled(x, f, r.residual_scale);
+            if post_sum {
+                norm_here(r, w, l, POST_MLP, x);
+            }
+        }
+        Block::Parallel {
+            shared_norm,
+            residual_last,
+        } => {
+            norm_into(r, w, l, ATTN_NORM, x, h);
+            attention(h, a);
+            if !shared_norm {
+                norm_into(r, w, l, MLP_NORM, x, h);
+            }
+            run_mlp(h, f);
+            if residual_last {
+                ops::add_in_place(a, f);
+                ops::add_in_place(x, a);
+            } else {
+                ops::add_in_place(x, a);
+                ops::add_in_place(x, f);
+            }
+        }
+    }
+}
+
+/// The MLP of layer `l` over `m` rows of `input` into `out` ([m][hidden]).
+#[allow(clippy::too_many_arguments)]
+fn mlp(
+    r: &Recipe,
+    w: &Weights,
+    isa: Isa,
+    par: &dyn Parallel,
+    input: &[f32],
+    gu: &mut [f32],
+    act: &mut [f32],
+    out: &mut [f32],
+    m: usize,
+    l: usize,
+) {
+    let i = r.intermediate;
+    let (up, down) = (w.mat(Tensor::Up, l), w.mat(Tensor::Down, l));
+    lin(isa, par, input, m, up, w.vec(Tensor::UpBias, l), gu);
+    let hidden: &[f32] = if r.mlp.gated {
+        for (row, o) in gu[..m * 2 * i]
+            .chunks_exact(2 * i)
+            .zip(act[..m * i].chunks_exact_mut(i))
+        {
+            let (g, u) = row.split_at(i);
+            vmath::act_mul(isa, r.mlp.act, g, u, o);
+        }
+        &act[..m * i]
+    } else {
+        vmath::act_in_place(isa, r.mlp.act, &mut gu[..m * i]);
+        &gu[..m * i]
+    };
+    lin(isa, par, hidden, m, down, w.vec(Tensor::DownBias, l), out);
+}

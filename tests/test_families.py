@@ -1,0 +1,124 @@
+"""Every family KwkDecoder runs (``tests/family_cases.py``: each published shape made small, plus variants for
+the optional parts), with float32 and with bf16 weights, against Hugging Face's float32 forward of the same
+model state (``copy.deepcopy(model).float()``, stepped with its own cache, so LongRoPE's switch and the
+rotation cached keys keep are HF's): every step's logits within 1e-5 of the largest logit (measured
+4e-7 to 1.3e-6: summation order, exp/tanh/erf within a few ulp), greedy tokens identical, one native call
+per step. int8 and int4 run on each (quality on random weights means nothing; their bar is running, and
+staying near the float32 logits). The config is read strictly: a field the recipe does not implement is
+refused by name.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from family_cases import CASES, tiny
+
+from kwker_torch import KwkDecoder
+
+TOL = 1e-5
+STEPS = 10
+# Family (KwkDecoder.family) each case's model maps to.
+FAMILY_OF = {
+    "llama": "Llama", "llama3-rope": "Llama", "mistral-window": "Mistral", "qwen2": "Qwen2",
+    "qwen2-window-layers": "Qwen2", "qwen3": "Qwen3", "gemma2": "Gemma 2", "gemma2-tight-caps": "Gemma 2",
+    "gemma3": "Gemma 3", "gemma3-270m": "Gemma 3", "phi4-mini-longrope": "Phi-3", "phi3-window": "Phi-3",
+    "granite": "Granite", "stablelm": "StableLM", "stablelm-parallel-qknorm": "StableLM",
+    "starcoder2": "StarCoder2", "olmo": "OLMo", "olmo-clip": "OLMo", "olmo2": "OLMo2", "pythia": "GPT-NeoX",
+    "neox-sequential": "GPT-NeoX", "phi2": "Phi-2", "phi2-qk-layernorm": "Phi-2", "gpt2": "GPT-2",
+    "gpt2-layer-scale": "GPT-2", "opt": "OPT", "opt-350m-post-norm": "OPT",
+}  # fmt: skip
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a - ref).abs().max() / ref.abs().max()).item()
+
+
+def hf_steps(ref: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[list[torch.Tensor], list[int]]:
+    """HF's own float32 logits: the prompt's rows, then one row per greedy step over its cache."""
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        out = ref(ids[None], cache=DynamicCache(config=ref.config), use_cache=True)
+        rows, toks = [out.logits[0].float()], []
+        for _ in range(n):
+            toks.append(int(rows[-1][-1].argmax()))
+            out = ref(torch.tensor([[toks[-1]]]), cache=out.cache, use_cache=True)
+            rows.append(out.logits[0].float())
+    return rows, toks
+
+
+def prompt(n: int = 13, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, 1000, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_every_case_is_mapped() -> None:
+    assert set(FAMILY_OF) == set(CASES)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_step_within_1e5_of_hf_float32_and_greedy_tokens_identical(case: str, dtype: torch.dtype) -> None:
+    model = tiny(case, dtype)
+    ref = copy.deepcopy(model).float()  # a bf16 model's rounded buffers are part of the reference
+    ids = prompt()
+    rows, toks = hf_steps(ref, ids, STEPS)
+    dec = KwkDecoder.from_hf(model, max_context=64)
+    assert dec.family == FAMILY_OF[case]
+    if dtype == torch.bfloat16:
+        assert dec.info["f32_matrices"] == 0  # bf16 weights stay bf16
+    before = dec.native_steps
+    got = dec.step([(0, ids)], logits="all")[0]
+    worst = rel(got, rows[0])
+    for i, tok in enumerate(toks):
+        assert int(got[-1].argmax()) == tok, f"step {i}: greedy token differs from HF float32's"
+        got = dec.step([(0, [tok])])[0]
+        worst = max(worst, rel(got, rows[i + 1]))
+    assert worst <= TOL, worst
+    assert dec.native_steps - before == STEPS + 1  # one native call per step: the fast path ran
+    assert dec.generate(ids, STEPS, stop_tokens=[], prompt_cache=False).tokens == toks
+
+
+# int8 / int4 on random weights: the logits stay near the float32 ones (measured 0.2-2.3 % of the largest
+# logit for int8, 0.3-15 % for int4 on these tiny models; random weights are the worst case for a 4-bit grid).
+LOOSE = {"int8": 0.05, "int4": 0.25}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_int8_and_int4_run_near_the_float32_logits(case: str) -> None:
+    model = tiny(case, torch.bfloat16)
+    ids = prompt()
+    with torch.no_grad():
+        ref = copy.deepcopy(model).float()(ids[None]).logits[0]
+    for precision, fmt in (("int8", "q8"), ("int4", "q4")):
+        dec = KwkDecoder.from_hf(model, precision, max_context=64)
+        assert dec.info[f"{fmt}_matrices"] > 0 and dec.info["bf16_matrices"] == 0
+        if precision == "int4":
+            assert "8 bits" in dec.info["plan"] and dec.info["formats"]["embed.0"] == "q8"
+        got = dec.score(ids)
+        assert torch.isfinite(got).all()
+        assert rel(got, ref) <= LOOSE[precision], (precision, rel(got, ref))
+        out = dec.generate(ids, 6, stop_tokens=[])
+        assert len(out.tokens) == 6
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "value", "message"),
+    [
+        ("gemma3", "use_bidirectional_attention", True, "use_bidirectional_attention=True"),
+        ("gpt2", "add_cross_attention", True, "add_cross_attention=True (default False)"),
+        ("llama", "hidden_act", "gelu_fast", "hidden_act='gelu_fast': activation 'gelu_fast' is not supported"),
+        ("qwen3", "hidden_act", "tanh", "hidden_act='tanh'"),
+        # A config that contradicts the modules built from it: named, not an AttributeError.
+        ("phi2", "qk_layernorm", True, "the config asks for q/k norms but layer 0's attention has no q_layernorm"),
+    ],
+)
+def test_config_fields_the_recipe_lacks_are_refused_by_name(case: str, field: str, value: object,
+                                                            message: str) -> None:  # fmt: skip
+    model = tiny(case)
+    setattr(model.config, field, value)
+    with pytest.raises(ValueError, match="kwker: ") as e:
+        KwkDecoder.from_hf(model, max_context=16)
+    assert message in str(e.value), str(e.value)
