@@ -272,6 +272,31 @@ def load_smollm2(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     return model, tok
 
 
+def load_local(spec: str, dtype: Any = "auto") -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) from a local Hugging Face folder, a hub id in the local cache, or a
+    ``.gguf`` file (dequantized by transformers into a plain model of its family; its tokenizer from the same
+    file). No network. Raises OSError (from transformers) when nothing loads."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec.lower().endswith(".gguf") and os.path.isfile(spec):
+        from transformers import GgufConfig
+
+        folder, name = os.path.split(os.path.abspath(spec))
+        quiet = _silence_gguf_progress()
+        try:
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=name, dtype=torch.float32 if dtype == "auto" else dtype,
+                quantization_config=GgufConfig(dequantize=True),
+            )  # fmt: skip
+        finally:
+            quiet()
+        return model.eval(), tok
+    tok = AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(spec, local_files_only=True, dtype=dtype)
+    return model.eval(), tok
+
+
 def make_config(name: str, num_hidden_layers: int | None = None, **overrides: Any) -> Any:
     """The transformers config of ``name`` (a key of CONFIGS), optionally with fewer layers or other
     fields overridden."""

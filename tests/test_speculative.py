@@ -138,7 +138,9 @@ def test_draft_model_gives_the_targets_greedy_text(real_decoders: dict, smollm2:
     plain = target.generate(ids, 64, prompt_lookup=0, prompt_cache=False)
     got = target.generate(ids, 64, draft=draft, prompt_cache=False)
     assert got.tokens == plain.tokens, (tok.decode(got.tokens), tok.decode(plain.tokens))
-    assert got.accepted > len(got.tokens) // 2  # int4 of the same model agrees on most tokens
+    # How many drafts the planner tries follows the step times it measures (a loaded machine drafts less);
+    # what it keeps does not: int4 of the same model agrees on most of its drafts.
+    assert got.drafted > 0 and got.accepted >= 0.6 * got.drafted, (got.drafted, got.accepted)
     assert target.slot_tokens(got.slot) == ids.tolist() + got.tokens[:-1]
     for n in (1, 3, 10):
         assert target.generate(ids, n, draft=draft, prompt_cache=False).tokens == plain.tokens[:n]

@@ -60,7 +60,7 @@ class ServeOptions:
 
 
 FLAG_HELP = {
-    "model": "Hugging Face model folder or locally cached hub id (default: the real SmolLM2-135M-Instruct)",
+    "model": "Hugging Face model folder, .gguf file or locally cached hub id (default: the real SmolLM2-135M-Instruct)",
     "precision": "preserve (the model's own weights), int8 (alias balanced) or int4",
     "slots": "sequences decoded together per step; each keeps its text for prefix reuse",
     "max_context": "tokens per request (prompt + completion)",
@@ -104,14 +104,11 @@ def load_model(opts: ServeOptions) -> tuple[Any, Any]:
 
     if opts.model is None:
         return models.load_smollm2(torch.bfloat16)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     try:
-        tok = AutoTokenizer.from_pretrained(opts.model, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(opts.model, local_files_only=True, dtype="auto")
+        return models.load_local(opts.model)
     except OSError as e:
         raise ValueError(
-            f"--model {opts.model!r}: no Hugging Face model folder or locally cached hub model of that name ({e}); "
-            "pass a folder holding config.json, the weights and the tokenizer, or omit --model for SmolLM2-135M"
+            f"--model {opts.model!r}: no Hugging Face model folder, GGUF file or locally cached hub model of that "
+            f"name ({e}); pass a folder holding config.json, the weights and the tokenizer, a .gguf file, or omit "
+            "--model for SmolLM2-135M"
         ) from e
-    return model.eval(), tok
