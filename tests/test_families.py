@@ -122,3 +122,35 @@ def test_config_fields_the_recipe_lacks_are_refused_by_name(case: str, field: st
     with pytest.raises(ValueError, match="kwker: ") as e:
         KwkDecoder.from_hf(model, max_context=16)
     assert message in str(e.value), str(e.value)
+
+
+def test_longrope_switches_as_hf_for_long_prompts_and_padded_batches() -> None:
+    """LongRoPE (Phi-4-mini's shape, the switch at 16 positions): a 20-token prompt is rotated long as a whole
+    (HF switches on the call's largest position); a left-padded batch of a long and a short row switches both
+    rows together, as one HF forward does; every generated step's logits within 1e-5 of HF's."""
+    from kwker_torch import decode
+
+    model = tiny("phi4-mini-longrope")
+    ref = copy.deepcopy(model)
+    ids = prompt(20, seed=3)
+    rows, toks = hf_steps(ref, ids, 4)
+    dec = KwkDecoder.from_hf(model, max_context=64)
+    got = dec.step([(0, ids)], logits="all")[0]
+    assert rel(got, rows[0]) <= TOL
+    long_a, short_b = prompt(18, seed=4), prompt(10, seed=5)
+    batch = torch.stack([long_a, torch.cat([torch.zeros(8, dtype=torch.long), short_b])])
+    mask = torch.ones_like(batch)
+    mask[1, :8] = 0
+    from kwker_torch.models import generate_greedy
+
+    want = generate_greedy(ref, batch, 6, attention_mask=mask, exact=True, output_logits=True,
+                           return_dict_in_generate=True)  # fmt: skip
+    decode.install(model, max_batch=2, max_context=64)
+    try:
+        out = generate_greedy(model, batch, 6, attention_mask=mask, exact=True, output_logits=True,
+                              return_dict_in_generate=True)  # fmt: skip
+    finally:
+        decode.uninstall(model)
+    assert torch.equal(out.sequences, want.sequences)
+    worst = max(rel(a[i], b[i]) for a, b in zip(out.logits, want.logits, strict=True) for i in range(2))
+    assert worst <= TOL, worst

@@ -17,6 +17,21 @@ struct Stats {
     b: f32,
 }
 
+/// sum of f(x) over `row` in f64, in four interleaved partials (independent chains: the loop runs at
+/// throughput, not at the add's latency).
+#[inline]
+fn sum4(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let mut chunks = row.chunks_exact(4);
+    for c in &mut chunks {
+        for i in 0..4 {
+            acc[i] += f(c[i]);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail
+}
+
 fn stats(kind: NormKind, eps: f32, row: &[f32]) -> Stats {
     let n = row.len() as f32;
     match kind {
@@ -40,12 +55,8 @@ fn stats(kind: NormKind, eps: f32, row: &[f32]) -> Stats {
         }
         NormKind::Layer => {
             let len = row.len() as f64;
-            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / len;
-            let var = row
-                .iter()
-                .map(|&v| (v as f64 - mean) * (v as f64 - mean))
-                .sum::<f64>()
-                / len;
+            let mean = sum4(row, |v| v as f64) / len;
+            let var = sum4(row, |v| (v as f64 - mean) * (v as f64 - mean)) / len;
             let r = 1.0 / (var as f32 + eps).sqrt();
             Stats {
                 a: r,
@@ -55,29 +66,53 @@ fn stats(kind: NormKind, eps: f32, row: &[f32]) -> Stats {
     }
 }
 
+/// One row: `out[i] = f(x[i])` with the stats and affine of the norm, each case its own loop over zipped
+/// slices (so LLVM vectorises it; no per-element Option tests).
 #[inline]
-fn apply(kind: NormKind, s: Stats, x: f32, w: f32, b: f32) -> f32 {
-    match kind {
-        NormKind::Rms => w * (x * s.a) + b,
-        NormKind::Layer => (x * s.a + s.b) * w + b,
+fn row(kind: NormKind, s: Stats, w: Option<&[f32]>, b: Option<&[f32]>, x: &[f32], out: &mut [f32]) {
+    let n = x.len();
+    match (kind, w, b) {
+        // w * (x * r): LlamaRMSNorm's order (no `+ 0.0`, which would turn -0.0 into 0.0).
+        (NormKind::Rms, Some(w), None) => {
+            for ((o, &v), &g) in out.iter_mut().zip(x).zip(&w[..n]) {
+                *o = g * (v * s.a);
+            }
+        }
+        (NormKind::Rms, None, None) => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v * s.a;
+            }
+        }
+        // (x * r + (-r * mean)) * w + b: torch's CPU LayerNorm.
+        (NormKind::Layer, Some(w), Some(b)) => {
+            for (((o, &v), &g), &c) in out.iter_mut().zip(x).zip(&w[..n]).zip(&b[..n]) {
+                *o = (v * s.a + s.b) * g + c;
+            }
+        }
+        (NormKind::Layer, Some(w), None) => {
+            for ((o, &v), &g) in out.iter_mut().zip(x).zip(&w[..n]) {
+                *o = (v * s.a + s.b) * g;
+            }
+        }
+        (NormKind::Layer, None, None) => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v * s.a + s.b;
+            }
+        }
+        // A bias without a weight (no family has one) or an RMSNorm bias: the general form.
+        (_, w, b) => {
+            for (i, (o, &v)) in out.iter_mut().zip(x).enumerate() {
+                let (g, c) = (w.map_or(1.0, |w| w[i]), b.map_or(0.0, |b| b[i]));
+                *o = match kind {
+                    NormKind::Rms => g * (v * s.a) + c,
+                    NormKind::Layer => (v * s.a + s.b) * g + c,
+                };
+            }
+        }
     }
 }
 
-/// One row's weight and bias values at i (1 and 0 when absent).
-struct Affine<'a> {
-    w: Option<&'a [f32]>,
-    b: Option<&'a [f32]>,
-}
-
-impl Affine<'_> {
-    #[inline]
-    fn at(&self, i: usize) -> (f32, f32) {
-        (self.w.map_or(1.0, |w| w[i]), self.b.map_or(0.0, |b| b[i]))
-    }
-}
-
-/// Normalises each `dim`-wide row of `x` into `out`. RMSNorm without a bias adds nothing (so it is
-/// exactly `w * (x * r)`).
+/// Normalises each `dim`-wide row of `x` into `out`.
 pub fn norm_rows(
     n: &Norm,
     w: Option<&[f32]>,
@@ -86,24 +121,12 @@ pub fn norm_rows(
     x: &[f32],
     out: &mut [f32],
 ) {
-    let aff = Affine { w, b };
-    for (row, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let s = stats(n.kind, n.eps, row);
-        if n.kind == NormKind::Rms && b.is_none() {
-            // The common case without the `+ 0.0`, which would turn -0.0 into 0.0.
-            for (i, (o, &v)) in o.iter_mut().zip(row).enumerate() {
-                *o = aff.at(i).0 * (v * s.a);
-            }
-        } else {
-            for (i, (o, &v)) in o.iter_mut().zip(row).enumerate() {
-                let (wi, bi) = aff.at(i);
-                *o = apply(n.kind, s, v, wi, bi);
-            }
-        }
+    for (xr, o) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        row(n.kind, stats(n.kind, n.eps, xr), w, b, xr, o);
     }
 }
 
-/// `norm_rows` in place.
+/// `norm_rows` in place (through one row of scratch: the row is read whole for its statistics first).
 pub fn norm_rows_in_place(
     n: &Norm,
     w: Option<&[f32]>,
@@ -111,18 +134,11 @@ pub fn norm_rows_in_place(
     dim: usize,
     x: &mut [f32],
 ) {
-    let aff = Affine { w, b };
-    for row in x.chunks_exact_mut(dim) {
-        let s = stats(n.kind, n.eps, row);
-        let plain_rms = n.kind == NormKind::Rms && b.is_none();
-        for (i, v) in row.iter_mut().enumerate() {
-            let (wi, bi) = aff.at(i);
-            *v = if plain_rms {
-                wi * (*v * s.a)
-            } else {
-                apply(n.kind, s, *v, wi, bi)
-            };
-        }
+    let mut tmp = vec![0.0f32; dim];
+    for xr in x.chunks_exact_mut(dim) {
+        let s = stats(n.kind, n.eps, xr);
+        tmp.copy_from_slice(xr);
+        row(n.kind, s, w, b, &tmp, xr);
     }
 }
 
