@@ -28,8 +28,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                                   max_window_layers=1)),
     "qwen3": ("Qwen3-0.6B", dict(SMALL, head_dim=128)),  # q is 512 wide for a hidden of 256
     "gemma2": ("Gemma-2-2B", dict(SMALL, head_dim=64, sliding_window=5)),
-    "gemma2-tight-caps": ("Gemma-2-2B", dict(SMALL, head_dim=64, sliding_window=5, attn_logit_softcapping=0.5,
-                                             final_logit_softcapping=2.0)),
+    # hidden 320: sqrt(320) = 17.889 is 17.875 in a bf16 model's embedding-scale buffer, which HF multiplies by.
+    "gemma2-tight-caps": ("Gemma-2-2B", dict(SMALL, hidden_size=320, head_dim=64, sliding_window=5,
+                                             attn_logit_softcapping=0.5, final_logit_softcapping=2.0)),
     "gemma3": ("Gemma-3-1B", dict(SMALL, head_dim=128, num_key_value_heads=1, sliding_window=5,
                                   layer_types=["sliding_attention", "full_attention"])),
     "gemma3-270m": ("Gemma-3-270M", dict(SMALL, head_dim=64, num_key_value_heads=1, sliding_window=5,

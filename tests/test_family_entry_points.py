@@ -2,8 +2,11 @@
 vocabulary so its tokenizer and chat template apply): ``decode.install()`` under Hugging Face's
 ``generate()`` (greedy over a left-padded batch, seeded sampling with a streamer, prompt lookup, an
 ``assistant_model``, the prompt cache across calls), ``save``/``load``, the quality tool, the server with the
-model's chat template, and a load from a GGUF file (for the families transformers reads from GGUF). The
-reference is always Hugging Face's own float32 model: tokens identical, logits within 1e-5 of the largest.
+model's chat template, and a load from a GGUF file (for the families transformers reads from GGUF).
+References: Hugging Face's own float32 model for install() (tokens identical), the quality tool (perplexity
+within 1e-4, top-1 agreement 1.0) and the GGUF load (logits within 1e-5 of the largest); save/load against
+the decoder it saved (bit-identical); the server against KwkDecoder on the same model (whose logits against
+HF's every family test in test_families.py checks).
 """
 
 from __future__ import annotations

@@ -88,10 +88,22 @@ def _meta(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load(cls: Any, path: str | os.PathLike[str], max_batch: int | None, max_context: int | None) -> Any:
+    meta = _meta(path)
+    try:
+        return _load(cls, path, meta, max_batch, max_context)
+    except (KeyError, TypeError, AttributeError) as exc:  # an edited or cut kwker.json: say so, not a traceback
+        raise _bad(path, f"{META} lacks or has a malformed entry ({type(exc).__name__}: {exc})") from exc
+
+
+def _load(cls: Any, path: str | os.PathLike[str], meta: dict, max_batch: int | None, max_context: int | None) -> Any:
     from safetensors import safe_open
     from transformers import AutoConfig
 
-    meta = _meta(path)
+    hf = dict(meta["hf_config"])
+    try:
+        cfg = AutoConfig.for_model(hf.pop("model_type"), **hf)
+    except ValueError as exc:
+        raise _bad(path, f"its Hugging Face config cannot be rebuilt ({exc})") from exc
     limits = dict(meta["limits"])
     slots = int(limits["slots"] if max_batch is None else max_batch)
     context = int(limits["max_context"] if max_context is None else max_context)
@@ -124,14 +136,12 @@ def load(cls: Any, path: str | os.PathLike[str], max_batch: int | None, max_cont
                     b.set_packed(t["name"], t["layer"], t["format"], data, int(t["rows"]), int(t["cols"]))
             except ValueError as exc:
                 raise _bad(path, str(exc).removeprefix("kwker: ")) from exc
+    # Everything read from kwker.json before the build, so that a malformed entry cannot leak a handle.
+    info, r, eos, family = dict(meta["info"]), meta["recipe"], meta["eos"], meta.get("family", "")
+    info["kv_bytes"] = slots * r["layers"] * 2 * r["kv_heads"] * context * r["head_dim"] * 4
     try:
         h = b.build()
     except ValueError as exc:
         raise _bad(path, str(exc).removeprefix("kwker: ")) from exc
-    hf = dict(meta["hf_config"])
-    cfg = AutoConfig.for_model(hf.pop("model_type"), **hf)
-    info = dict(meta["info"])
-    r = meta["recipe"]
     info["weight_bytes_per_token"] = int(native.LIB.kwker_decoder_weight_bytes(h))
-    info["kv_bytes"] = slots * r["layers"] * 2 * r["kv_heads"] * context * r["head_dim"] * 4
-    return cls(h, cfg, int(r["vocab"]), slots, context, info, meta["eos"], meta.get("family", ""))
+    return cls(h, cfg, int(r["vocab"]), slots, context, info, eos, family)

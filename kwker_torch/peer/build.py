@@ -7,7 +7,10 @@ with the version pinned in ``benchmarks/requirements-peers.txt``. The first call
 minutes on 2 Zen 4 cores, up to 10 on slower ones) with ``pip install --no-cache-dir --no-binary
 llama-cpp-python --no-deps --target ...`` under ``CMAKE_ARGS`` chosen by ``kind``:
 
-- ``native``: ``-DGGML_NATIVE=ON`` (``-march=native``: every instruction set this CPU has);
+- ``native``: ``-DGGML_NATIVE=ON`` (``-march=native``: every instruction set this CPU has), except on CPUs with
+  AMX: there it lists this CPU's instruction sets one by one with AMX off, because llama.cpp 0.3.35's AMX
+  int8 path segfaults in its first Q4_0 prompt batch (seen on the 2-core Xeon VM, 2026-12-02; upstream
+  llama.cpp #20824, closed unfixed), so a native build could not be timed on quantized prompts at all;
 - ``avx2``: AVX2 + FMA + F16C + BMI2 only (AVX-512, AVX-VNNI and AMX off), to time an AVX2-only deployment.
 
 Option names were checked against ``ggml/CMakeLists.txt`` of the llama.cpp inside the 0.3.35 sdist
@@ -87,11 +90,37 @@ def pinned_version() -> str:
     return FALLBACK_VERSION
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+# ggml's per-ISA options and the /proc/cpuinfo flag each needs (used for "native" on AMX hosts).
+_ISA_OPTIONS = [("GGML_SSE42", "sse4_2"), ("GGML_AVX", "avx"), ("GGML_AVX2", "avx2"), ("GGML_FMA", "fma"),
+                ("GGML_F16C", "f16c"), ("GGML_BMI2", "bmi2"), ("GGML_AVX_VNNI", "avx_vnni"),
+                ("GGML_AVX512", "avx512f"), ("GGML_AVX512_VBMI", "avx512vbmi"),
+                ("GGML_AVX512_VNNI", "avx512_vnni"), ("GGML_AVX512_BF16", "avx512_bf16")]  # fmt: skip
+
+
+def _native_without_amx(flags: set[str]) -> list[str]:
+    on = [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for opt, flag in _ISA_OPTIONS]
+    return ["-DGGML_NATIVE=OFF", *on, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+
+
 def cmake_args(kind: str) -> str:
-    """The CMAKE_ARGS of a build kind."""
+    """The CMAKE_ARGS of a build kind (``native`` depends on this CPU: see the module's docstring)."""
     if kind not in KINDS:
         raise ValueError(f"kwker peer: unknown llama.cpp build kind {kind!r}; use one of {sorted(KINDS)}")
-    return " ".join(KINDS[kind] + _COMMON_ARGS)
+    args = KINDS[kind]
+    if kind == "native" and "amx_int8" in _cpu_flags():
+        args = _native_without_amx(_cpu_flags())
+    return " ".join(args + _COMMON_ARGS)
 
 
 def cache_root() -> Path:
@@ -104,8 +133,14 @@ def peer_dir(kind: str, version: str | None = None) -> Path:
 
 
 def is_built(kind: str) -> bool:
+    """Built, and with this kind's flags (a build with other flags, such as AMX on, is built again)."""
     folder = peer_dir(kind)
-    return (folder / MARKER).exists() and (folder / "llama_cpp" / "__init__.py").exists()
+    if not ((folder / MARKER).exists() and (folder / "llama_cpp" / "__init__.py").exists()):
+        return False
+    try:
+        return json.loads((folder / MARKER).read_text()).get("cmake_args") == cmake_args(kind)
+    except (OSError, ValueError):
+        return False
 
 
 def _missing_runtime_deps() -> list[str]:

@@ -335,7 +335,9 @@ impl QuantWeight {
 }
 
 /// x rows quantized per 32-block, `[m, k]` codes and `[m, k/32]` per-block values:
-/// - `q`, `d`, `s`: x ~ d * q (int8 codes, d = max|x| / 127, s = sum of q), what Q4 matrices read;
+/// - `q`, `d`, `s`: x ~ d * q (int8 codes, d = max|x| / 127, s = sum of q, kept as an f32, exact as
+///   |s| <= 32 * 127, so that a Q4 kernel's per-block epilogue broadcasts it without a conversion), what
+///   Q4 matrices read;
 /// - plus `q2`, `d_fine`, `s_fine`: the residual's codes, so that x ~ d_fine * (254 * q + q2) with
 ///   d_fine = d / 254 (about 15 bits; s_fine = 254 * s + sum of q2), what Q8 matrices read.
 #[derive(Default)]
@@ -343,7 +345,7 @@ pub struct QActs {
     pub q: Vec<i8>,
     pub q2: Vec<i8>,
     pub d: Vec<f32>,
-    pub s: Vec<i32>,
+    pub s: Vec<f32>,
     pub d_fine: Vec<f32>,
     pub s_fine: Vec<i32>,
 }
@@ -409,7 +411,8 @@ impl QActs {
     /// Stores block `b`'s scales and sums.
     #[inline]
     pub(crate) fn put(&mut self, b: usize, c: BlockCodes) {
-        (self.d[b], self.s[b], self.d_fine[b], self.s_fine[b]) = (c.d, c.s, c.d_fine, c.s_fine);
+        (self.d[b], self.s[b], self.d_fine[b], self.s_fine[b]) =
+            (c.d, c.s as f32, c.d_fine, c.s_fine);
     }
 }
 
@@ -468,12 +471,10 @@ pub fn quantize_activations(isa: Isa, x: &[f32], acts: &mut QActs) {
     let nsub = x.len() / QSUB;
     acts.q.resize(x.len(), 0);
     acts.q2.resize(x.len(), 0);
-    for v in [&mut acts.d, &mut acts.d_fine] {
+    for v in [&mut acts.d, &mut acts.s, &mut acts.d_fine] {
         v.resize(nsub, 0.0);
     }
-    for v in [&mut acts.s, &mut acts.s_fine] {
-        v.resize(nsub, 0);
-    }
+    acts.s_fine.resize(nsub, 0);
     // SAFETY: the tier is supported (asserted); every buffer was sized for x above.
     unsafe { (tier(isa).1)(x, acts) };
 }

@@ -169,12 +169,12 @@ fn activation_codes_are_bit_identical_in_every_tier() {
             );
         }
         want.d.push(c.d);
-        want.s.push(c.s);
+        want.s.push(c.s as f32);
         want.d_fine.push(c.d_fine);
         want.s_fine.push(c.s_fine);
     }
     assert_eq!(&want.q[QSUB..QSUB + 4], &[127, -14, -14, -12]); // -14.5 -> -14, -13.5 -> -14 (even)
-    assert_eq!((want.d[2], want.s[2]), (0.0, 0));
+    assert_eq!((want.d[2], want.s[2]), (0.0, 0.0));
     assert!(want.q[5 * QSUB..6 * QSUB].iter().all(|&c| c == 0) && want.d[5] == 0.0);
     for tier in isa::supported() {
         let mut got = QActs::default();

@@ -43,6 +43,8 @@ def family_of(model: torch.nn.Module) -> Family:
 def read(model: torch.nn.Module) -> tuple[Family, dict[str, Any]]:
     """The model's family and recipe (the JSON of rust/src/decoder/recipe.rs, without the limits)."""
     fam = family_of(model)
+    if getattr(model.config, "num_hidden_layers", None) == 0:  # GPT-2's n_layer maps to it too
+        raise ValueError(f"kwker: this {fam.name} model has no layers (num_hidden_layers=0); KwkDecoder needs one")
     f = Fields(model.config, fam.name, fam.inert())
     recipe = fam.recipe(model, f)
     f["vocab_size"], f["tie_word_embeddings"]  # the embedding's shape and tying are read from the modules

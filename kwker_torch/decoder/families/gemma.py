@@ -42,9 +42,11 @@ class Gemma2(LlamaStyle):
             raise f.refuse("use_bidirectional_attention", "bidirectional attention is not a causal LM's")
 
     def embed_scale(self, f: Fields, model: torch.nn.Module) -> float:
-        # Gemma2Model: hidden_states * torch.tensor(hidden_size ** 0.5, dtype=hidden_states.dtype); float32
-        # in the float32 forward the decoder matches.
-        return f32(float(f["hidden_size"]) ** 0.5)
+        # Gemma2/3's ScaledWordEmbedding multiplies by its embed_scale buffer, cast to the weights' dtype: a
+        # bf16 model's buffer holds the bf16-rounded sqrt(hidden) (59.75 for Gemma-2-9B's 3584, not 59.87),
+        # and that is what it multiplies by.
+        f["hidden_size"]
+        return float(self.inner(model).embed_tokens.embed_scale.float())
 
     def scalars(self, f: Fields, model: torch.nn.Module) -> dict[str, Any]:
         out: dict[str, Any] = {"embed_scale": self.embed_scale(f, model)}
@@ -61,12 +63,6 @@ class Gemma3(Gemma2):
 
     def qk_norm(self, f: Fields) -> dict[str, Any] | None:
         return {"norm": norm("rms", f["rms_norm_eps"]), "scope": "head", "per_head_weights": False}
-
-    def embed_scale(self, f: Fields, model: torch.nn.Module) -> float:
-        # Gemma3TextScaledWordEmbedding multiplies by its embed_scale buffer, cast to the weights' dtype:
-        # a bf16 model's buffer holds the bf16-rounded sqrt(hidden), and that is what it multiplies by.
-        f["hidden_size"]
-        return float(self.inner(model).embed_tokens.embed_scale.float())
 
     def rope_tables(self, f: Fields, inner: torch.nn.Module, head_dim: int) -> tuple[list[dict], list[int]]:
         types = list(f["layer_types"])

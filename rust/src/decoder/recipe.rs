@@ -292,6 +292,33 @@ impl Recipe {
                 self.heads, self.kv_heads
             ));
         }
+        // Every matrix's element count fits (in release builds an overflowing product would wrap): each
+        // dimension below 2^24, so the widths below cannot overflow and their products are checked.
+        let dims = [
+            self.vocab,
+            self.hidden,
+            self.embed_dim,
+            self.layers,
+            self.heads,
+        ]
+        .into_iter()
+        .chain([self.kv_heads, self.head_dim, self.intermediate]);
+        for d in dims {
+            if d >= 1 << 24 {
+                return Err(format!(
+                    "a dimension of {d} is too large (at most 2^24 - 1)"
+                ));
+            }
+        }
+        for (a, b) in [
+            (self.qkv_width(), self.hidden),
+            (self.vocab, self.hidden.max(self.embed_dim)),
+            (self.up_rows(), self.hidden),
+        ] {
+            if a.checked_mul(b).is_none_or(|e| e > isize::MAX as usize / 8) {
+                return Err(format!("a [{a}, {b}] matrix is too large to hold"));
+            }
+        }
         check_norm(&self.norm, "the norm")?;
         if let Some(q) = &self.qk_norm {
             check_norm(&q.norm, "the q/k norm")?;
@@ -334,6 +361,9 @@ impl Recipe {
             ));
         }
         let ropes = self.ropes();
+        if matches!(self.positions, Positions::Rotary { .. }) && ropes.is_empty() {
+            return Err("rotary positions need at least one rotary table".into());
+        }
         for (i, r) in ropes.iter().enumerate() {
             let sets = std::iter::once(&r.inv_freq).chain(r.long.as_ref().map(|l| &l.inv_freq));
             for f in sets {
@@ -367,7 +397,7 @@ impl Recipe {
                 return Err(format!("layer {l}: a sliding window must be positive"));
             }
             finite(s.attn_scale, "the attention scale")?;
-            if !ropes.is_empty() && s.rope >= ropes.len() {
+            if s.rope >= ropes.len().max(1) {
                 return Err(format!(
                     "layer {l} uses rotary table {} of {}",
                     s.rope,

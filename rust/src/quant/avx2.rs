@@ -208,7 +208,7 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     }
                 }
                 for r in 0..M {
-                    let sx = _mm256_set1_ps(sxs[r * nsub + b] as f32);
+                    let sx = _mm256_set1_ps(sxs[r * nsub + b]);
                     let dx = _mm256_set1_ps(dxs[r * nsub + b]);
                     for s in 0..2 {
                         let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][s], ones));

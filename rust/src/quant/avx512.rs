@@ -133,7 +133,7 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     }
                 }
                 for r in 0..M {
-                    let sx = _mm512_set1_ps(sxs[r * nsub + b] as f32);
+                    let sx = _mm512_set1_ps(sxs[r * nsub + b]);
                     let t = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(mv, sx));
                     y[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(dxs[r * nsub + b]), y[r]);
                 }

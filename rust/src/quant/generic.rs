@@ -64,7 +64,7 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                                     blk[33 + 2 * r],
                                 ]));
                                 let (dx, sx) = (a.d[i * nsub + sb], a.s[i * nsub + sb]);
-                                (d * dot as f32 + m * sx as f32) * dx
+                                (d * dot as f32 + m * sx) * dx
                             }
                         };
                         *sum += contrib;
