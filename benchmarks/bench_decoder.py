@@ -38,6 +38,7 @@ from common import machine, save, stream_triad_gbs, table
 import kwker_torch
 from kwker_torch import KwkDecoder, decode
 from kwker_torch.models import chat_ids, generate_greedy, load_smollm2, random_model
+from kwker_torch.peer import build
 from kwker_torch.peer.build import cache_root
 from kwker_torch.peer.gguf_export import export_gguf
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
@@ -53,16 +54,8 @@ def say(msg: str) -> None:
 
 
 def cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    keep = [x for x in flags if x.startswith(("avx", "amx", "fma"))]
-                    return " ".join(sorted(keep))
-    except OSError:
-        pass
-    return "?"
+    flags = build.cpu_flags()
+    return " ".join(sorted(x for x in flags if x.startswith(("avx", "amx", "fma")))) if flags else "?"
 
 
 def load(name: str) -> tuple[torch.nn.Module, str]:

@@ -11,17 +11,7 @@ import pytest
 
 import kwker_torch
 from kwker_torch._native import TIERS
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+from kwker_torch.peer.build import cpu_flags as _cpu_flags
 
 
 def test_detected_tiers_match_cpu_flags() -> None:

@@ -90,7 +90,8 @@ def pinned_version() -> str:
     return FALLBACK_VERSION
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -118,8 +119,8 @@ def cmake_args(kind: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"kwker peer: unknown llama.cpp build kind {kind!r}; use one of {sorted(KINDS)}")
     args = KINDS[kind]
-    if kind == "native" and "amx_int8" in _cpu_flags():
-        args = _native_without_amx(_cpu_flags())
+    if kind == "native" and "amx_int8" in cpu_flags():
+        args = _native_without_amx(cpu_flags())
     return " ".join(args + _COMMON_ARGS)
 
 

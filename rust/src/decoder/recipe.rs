@@ -282,9 +282,9 @@ impl Recipe {
             if v == 0 {
                 return Err(format!("{name} must be positive, got 0"));
             }
-        }
-        if self.vocab > u32::MAX as usize {
-            return Err("vocab_size must fit in 32 bits".into());
+            if v >= 1 << 24 {
+                return Err(format!("{name} = {v} is too large (at most 2^24 - 1)"));
+            }
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
@@ -292,24 +292,8 @@ impl Recipe {
                 self.heads, self.kv_heads
             ));
         }
-        // Every matrix's element count fits (in release builds an overflowing product would wrap): each
-        // dimension below 2^24, so the widths below cannot overflow and their products are checked.
-        let dims = [
-            self.vocab,
-            self.hidden,
-            self.embed_dim,
-            self.layers,
-            self.heads,
-        ]
-        .into_iter()
-        .chain([self.kv_heads, self.head_dim, self.intermediate]);
-        for d in dims {
-            if d >= 1 << 24 {
-                return Err(format!(
-                    "a dimension of {d} is too large (at most 2^24 - 1)"
-                ));
-            }
-        }
+        // Every dimension is below 2^24 (checked with the positives above), so the widths below cannot
+        // overflow; their products are checked (in release builds an overflowing product would wrap).
         for (a, b) in [
             (self.qkv_width(), self.hidden),
             (self.vocab, self.hidden.max(self.embed_dim)),
