@@ -6,7 +6,8 @@
   same file. No network is used.
 - ``random_model(name)``: a random-initialised model with the exact shapes of a published config (every
   family KwkDecoder runs: SmolLM2, Qwen2.5, Qwen3, Llama 3.2, Mistral, Gemma 2 / 3, Phi-2 / 3 / 4-mini, Granite,
-  StableLM, StarCoder2, OLMo / OLMo2, Pythia, GPT-2, OPT), optionally with fewer layers.
+  StableLM, StarCoder2, OLMo / OLMo2, Pythia, GPT-2, OPT; the mixtures Granite 3.1 1B-A400M, Qwen3-30B-A3B,
+  Mixtral 8x7B, OLMoE 1B-7B; and, outside the recipe, BLOOM, GPT-J, CodeGen, MPT), optionally with fewer layers.
 """
 
 from __future__ import annotations
@@ -201,6 +202,33 @@ CONFIGS: dict[str, dict[str, Any]] = {
         model_type="opt", hidden_size=768, ffn_dim=3072, num_hidden_layers=12, num_attention_heads=12,
         vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=768, do_layer_norm_before=True,
         activation_function="relu", bos_token_id=2, eos_token_id=2, pad_token_id=1,
+    ),
+    # Mixtures of experts.
+    "Granite-3.1-1B-A400M": dict(
+        model_type="granitemoe", hidden_size=1024, intermediate_size=512, num_hidden_layers=24, num_attention_heads=16,
+        num_key_value_heads=8, num_local_experts=32, num_experts_per_tok=8, vocab_size=49155,
+        max_position_embeddings=131072, rope_theta=1500000.0, rms_norm_eps=1e-6, embedding_multiplier=12.0,
+        residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=6.0, tie_word_embeddings=True,
+        attention_bias=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    ),
+    "Qwen3-30B-A3B": dict(
+        model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+        max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        attention_bias=False, use_sliding_window=False, bos_token_id=151643, eos_token_id=151645,
+    ),
+    "Mixtral-8x7B": dict(
+        model_type="mixtral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000,
+        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5, sliding_window=None,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    ),
+    "OLMoE-1B-7B": dict(
+        model_type="olmoe", hidden_size=2048, intermediate_size=1024, num_hidden_layers=16, num_attention_heads=16,
+        num_key_value_heads=16, num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, clip_qkv=None,
+        vocab_size=50304, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=50279, pad_token_id=1,
     ),
     "OPT-350m": dict(
         model_type="opt", hidden_size=1024, ffn_dim=4096, num_hidden_layers=24, num_attention_heads=16,

@@ -60,14 +60,57 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                              word_embed_proj_dim=256, **IDS)),
     "opt-350m-post-norm": ("OPT-350m", dict(hidden_size=256, ffn_dim=512, num_attention_heads=4, vocab_size=VOCAB,
                                             word_embed_proj_dim=128, **IDS)),
+    # Mixtures of experts (their routers made decisive: see ``tiny``).
+    "mixtral": ("Mixtral-8x7B", dict(SMALL, intermediate_size=128, num_local_experts=8, num_experts_per_tok=2)),
+    "mixtral-window": ("Mixtral-8x7B", dict(SMALL, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                                            sliding_window=7)),
+    # Layer 1 of 3 dense (mlp_only_layers), the others sparse; head_dim 128 for a hidden of 256.
+    "qwen3-moe": ("Qwen3-30B-A3B", dict(SMALL, moe_intermediate_size=64, head_dim=128, num_experts=16,
+                                        num_experts_per_tok=4, mlp_only_layers=[1])),
+    "qwen3-moe-step2-unnormed": ("Qwen3-30B-A3B", dict(SMALL, moe_intermediate_size=64, head_dim=64, num_experts=8,
+                                                       num_experts_per_tok=3, decoder_sparse_step=2,
+                                                       norm_topk_prob=False)),
+    "granite-moe": ("Granite-3.1-1B-A400M", dict(SMALL, intermediate_size=64, num_local_experts=8,
+                                                 num_experts_per_tok=3)),
+    "olmoe": ("OLMoE-1B-7B", dict(SMALL, intermediate_size=64, num_key_value_heads=4, num_experts=16,
+                                  num_experts_per_tok=4)),
+    "olmoe-clip-normed": ("OLMoE-1B-7B", dict(SMALL, intermediate_size=64, num_key_value_heads=4, num_experts=8,
+                                              num_experts_per_tok=2, clip_qkv=1.5, norm_topk_prob=True)),
 }
+# Cases with three layers (a dense layer between sparse ones).
+LAYERS = {"qwen3-moe": 3, "qwen3-moe-step2-unnormed": 4}
+# A random router can near-tie in its top k, where the ~1e-6 by which summation order moves a router logit
+# could pick another expert. Scaling a router does not move its ties (the order margin relative to the largest
+# logit is scale-free), but it makes the softmax weights decisive, as trained routers are; the tie margin is
+# checked instead (tests/test_moe.py: the k-th and (k+1)-th logits of every routed row of the exactness runs
+# at least 1e-4 of the row's largest apart), and a case whose random draw near-ties takes another seed (SEEDS).
+ROUTER_SCALE = 20.0
+# Mixtral's seed-0 draw has a row whose 2nd and 3rd router logits are 4.8e-6 of its largest apart.
+SEEDS = {"mixtral": 1}
 # Drop the overrides a config class does not have (num_key_value_heads=None marks one).
 for _name, (_base, _over) in CASES.items():
     for _k in [k for k, v in _over.items() if v is None]:
         del _over[_k]
 
 
-def tiny(case: str, dtype: torch.dtype = torch.float32, layers: int = 2, seed: int = 0) -> torch.nn.Module:
-    """The case's random model with ``layers`` layers, in ``dtype`` (bf16 weights as a bf16 checkpoint has)."""
+def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The router modules of a mixture's sparse layers (none for a dense model)."""
+    return [m for name, m in model.named_modules() if name.endswith((".mlp.gate", ".block_sparse_moe.router"))]
+
+
+def tiny(case: str, dtype: torch.dtype = torch.float32, layers: int | None = None, seed: int | None = None
+         ) -> torch.nn.Module:  # fmt: skip
+    """The case's random model with ``layers`` layers (2, or the case's ``LAYERS``), in ``dtype`` (bf16 weights
+    as a bf16 checkpoint has), from ``seed`` (0, or the case's ``SEEDS``); a mixture's routers scaled by
+    ``ROUTER_SCALE``."""
     base, over = CASES[case]
-    return random_model(base, dtype, num_hidden_layers=layers, seed=seed, **over)
+    seed = SEEDS.get(case, 0) if seed is None else seed
+    model = random_model(base, dtype, num_hidden_layers=layers or LAYERS.get(case, 2), seed=seed, **over)
+    decisive(model)
+    return model
+
+
+def decisive(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for r in routers(model):
+            r.weight.mul_(ROUTER_SCALE)

@@ -17,12 +17,12 @@ use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
 /// Version of this boundary; `native.py` refuses a library of another.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Element types a tensor can be handed over in.
 const DTYPES: [&str; 2] = ["f32", "bf16"];
 
-/// The codes of this boundary as JSON: {"version", "tensors": [{name, per_layer, matrix, about}],
+/// The codes of this boundary as JSON: {"version", "tensors": [{name, per_layer, per_expert, matrix, about}],
 /// "dtypes", "formats", "stores", "logits": {mode: code}, "finish": {code: reason}}.
 ///
 /// # Safety
@@ -38,7 +38,7 @@ pub unsafe extern "C" fn kwker_decoder_abi(
     guarded(err, err_len, || {
         let tensors: Vec<_> = TABLE
             .iter()
-            .map(|s| json!({"name": s.name, "per_layer": s.per_layer, "matrix": s.matrix, "about": s.about}))
+            .map(|s| json!({"name": s.name, "per_layer": s.per_layer, "per_expert": s.per_expert, "matrix": s.matrix, "about": s.about}))
             .collect();
         let abi = json!({
             "version": ABI_VERSION,
@@ -61,8 +61,9 @@ fn parse_recipe(json: &str) -> Result<Recipe, String> {
     Ok(r)
 }
 
-/// The tensors a model of this recipe has, as JSON [{name, layer, rows, cols}] (model-level first,
-/// then layer by layer, in table order): what the caller must hand over.
+/// The tensors a model of this recipe has, as JSON [{name, layer, expert, rows, cols}] (model-level
+/// first, then layer by layer, in table order, a sparse layer's experts last): what the caller must
+/// hand over.
 ///
 /// # Safety
 /// `recipe` a NUL-terminated string; `out` null or writable for `cap` bytes; `needed` writable.
@@ -80,7 +81,10 @@ pub unsafe extern "C" fn kwker_recipe_tensors(
         let r = parse_recipe(unsafe { c_str(recipe, "the recipe")? })?;
         let list: Vec<_> = present(&r)
             .into_iter()
-            .map(|(t, l, [rows, cols])| json!({"name": t.spec().name, "layer": l, "rows": rows, "cols": cols}))
+            .map(|p| {
+                json!({"name": p.tensor.spec().name, "layer": p.layer, "expert": p.expert,
+                            "rows": p.shape[0], "cols": p.shape[1]})
+            })
             .collect();
         // SAFETY: forwarded caller guarantees.
         unsafe {
@@ -136,7 +140,7 @@ unsafe fn builder<'a>(b: *mut c_void) -> Result<&'a mut Builder, String> {
     Ok(unsafe { &mut *(b as *mut Builder) })
 }
 
-/// Copies tensor `name` of `layer` into a builder: `dtype` "f32" or "bf16", `rows * cols` elements at
+/// Copies tensor `name` of `layer` (and `expert`, for per-expert tensors) into a builder: `dtype` "f32" or "bf16", `rows * cols` elements at
 /// `data`; `store` "as_given" (matrices keep their dtype, vectors become f32), "q8" or "q4"
 /// (quantized; `importance`, when not null, holds `cols` f32 values: the mean square of each input
 /// column over a calibration text).
@@ -150,6 +154,7 @@ pub unsafe extern "C" fn kwker_decoder_set(
     b: *mut c_void,
     name: *const c_char,
     layer: i64,
+    expert: i64,
     dtype: *const c_char,
     data: *const c_void,
     rows: i64,
@@ -198,7 +203,8 @@ pub unsafe extern "C" fn kwker_decoder_set(
                 ))
             }
         };
-        bd.set(name, size(layer, "layer")?, d, rows, cols, store)
+        let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
+        bd.set(name, layer, expert, d, rows, cols, store)
     })
 }
 
@@ -213,6 +219,7 @@ pub unsafe extern "C" fn kwker_decoder_set_packed(
     b: *mut c_void,
     name: *const c_char,
     layer: i64,
+    expert: i64,
     format: *const c_char,
     data: *const u8,
     len: usize,
@@ -235,7 +242,8 @@ pub unsafe extern "C" fn kwker_decoder_set_packed(
         // SAFETY: data holds len bytes (caller's contract); null only when len is 0.
         let bytes = unsafe { raw_slice(data, len) };
         let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
-        bd.set_packed(name, size(layer, "layer")?, f, rows, cols, bytes)
+        let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
+        bd.set_packed(name, layer, expert, f, rows, cols, bytes)
     })
 }
 

@@ -29,12 +29,13 @@ pub unsafe extern "C" fn kwker_decoder_describe(
         let w = dec.weights();
         let tensors: Vec<_> = present(dec.recipe())
             .into_iter()
-            .map(|(t, l, [rows, cols])| {
-                let format = match w.get(t, l) {
-                    Some(Stored::Mat(m)) => m.format().name(),
-                    _ => "vector",
+            .map(|p| {
+                let format = match w.mat_at(p.tensor, p.layer, p.expert) {
+                    Some(m) => m.format().name(),
+                    None => "vector",
                 };
-                json!({"name": t.spec().name, "layer": l, "rows": rows, "cols": cols, "format": format})
+                json!({"name": p.tensor.spec().name, "layer": p.layer, "expert": p.expert,
+                       "rows": p.shape[0], "cols": p.shape[1], "format": format})
             })
             .collect();
         let d = json!({"recipe": dec.recipe(), "limits": dec.limits(), "tensors": tensors});
@@ -42,7 +43,7 @@ pub unsafe extern "C" fn kwker_decoder_describe(
     })
 }
 
-/// Tensor `name` of `layer` as stored: writes its format's name (NUL-terminated, into `fmt`, 16
+/// Tensor `name` of `layer` (and `expert`, for per-expert tensors) as stored: writes its format's name (NUL-terminated, into `fmt`, 16
 /// bytes: "f32", "bf16", "q8", "q4", or "vector" for an f32 vector), its shape, and its bytes into
 /// `buf` when not null (`needed` gets the byte count; an error if `buf_len` is too small).
 ///
@@ -55,6 +56,7 @@ pub unsafe extern "C" fn kwker_decoder_export(
     h: *mut c_void,
     name: *const c_char,
     layer: i64,
+    expert: i64,
     fmt: *mut c_char,
     rows: *mut i64,
     cols: *mut i64,
@@ -72,19 +74,23 @@ pub unsafe extern "C" fn kwker_decoder_export(
             return Err("null output pointer".into());
         }
         let t = Tensor::by_name(name).ok_or_else(|| format!("unknown tensor name {name:?}"))?;
-        let layer = size(layer, "layer")?;
+        let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
         let dec = lock(h);
-        let s = dec
-            .weights()
-            .get(t, layer)
-            .ok_or_else(|| format!("this decoder holds no {name} for layer {layer}"))?;
-        let (format, [r, c], bytes): (&str, [usize; 2], Vec<u8>) = match s {
-            Stored::Mat(m) => (m.format().name(), s.shape(), m.packed_bytes()),
-            Stored::Vec(v) => (
-                "vector",
-                s.shape(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            ),
+        let w = dec.weights();
+        let missing = || format!("this decoder holds no {name} for layer {layer}, expert {expert}");
+        let (format, [r, c], bytes): (&str, [usize; 2], Vec<u8>) = if t.spec().per_expert {
+            let m = w.expert_mat(t, layer, expert).ok_or_else(missing)?;
+            (m.format().name(), [m.rows(), m.cols()], m.packed_bytes())
+        } else {
+            let s = w.get(t, layer).ok_or_else(missing)?;
+            match s {
+                Stored::Mat(m) => (m.format().name(), s.shape(), m.packed_bytes()),
+                Stored::Vec(v) => (
+                    "vector",
+                    s.shape(),
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ),
+            }
         };
         // SAFETY: valid out-pointers (caller's contract, null-checked above); fmt holds 16 bytes and
         // every format name is shorter.
@@ -113,7 +119,11 @@ pub unsafe extern "C" fn kwker_decoder_export(
 pub unsafe extern "C" fn kwker_decoder_weight_bytes(h: *mut c_void) -> i64 {
     // SAFETY: forwarded caller guarantee.
     match unsafe { handle(h) } {
-        Ok(h) => lock(h).weights().bytes_per_token() as i64,
+        Ok(h) => {
+            let dec = lock(h);
+            let k = dec.recipe().moe.map_or(0, |m| m.top_k);
+            dec.weights().bytes_per_token(k) as i64
+        }
         Err(_) => -1,
     }
 }

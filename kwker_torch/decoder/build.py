@@ -107,8 +107,8 @@ def from_hf(
     max_batch, max_context = _limits(model, recipe, max_batch, max_context)
     wanted = native.recipe_tensors(recipe)
     with torch.no_grad():
-        sources = {(s.name, s.layer): s for s in fam.tensors(model, recipe)}
-    need = {(t["name"], t["layer"]) for t in wanted}
+        sources = {s.key: s for s in fam.tensors(model, recipe)}
+    need = {(t["name"], t["layer"], t["expert"]) for t in wanted}
     extra = sorted(set(sources) - need)
     if extra:
         raise ValueError(f"kwker: the {fam.name} mapping gives tensors its recipe has no place for: {extra}")
@@ -118,8 +118,8 @@ def from_hf(
             raise ValueError(
                 "kwker: calib= only applies to quantized precisions ('int8', 'int4'); drop it for preserve"
             )
-        modules = {k: s.module for k, s in sources.items() if s.module is not None}
-        modules[("lm_head", 0)] = model.lm_head  # a tied embedding is calibrated as the lm_head it also is
+        modules = {k: (s.module, s.rows) for k, s in sources.items() if s.module is not None}
+        modules[("lm_head", 0, 0)] = (model.lm_head, None)  # a tied embedding is calibrated as its lm_head
         imp = plan.importance(model, plan.calib_ids(calib, tokenizer), modules)
     builder = native.Builder(recipe, max_batch, max_context, CHUNK_ROWS)
     info: dict[str, Any] = {
@@ -127,7 +127,11 @@ def from_hf(
         "q4_matrices": 0, "tied_embeddings": recipe["tied_embeddings"], "calibrated": imp is not None, "formats": {},
         "plan": fam.plan_note if precision == "int4" else None,
     }  # fmt: skip
-    bits = [0.0, 0]  # stored bits and weights of every matrix, for bits_per_weight
+    # Stored bits and weights of the matrices a token reads, for bits_per_weight: a sparse layer's experts count
+    # top_k / experts of their size (a token reads its k), and every weight once in total_weights.
+    bits = [0.0, 0.0]
+    moe = recipe.get("moe")
+    share = moe["top_k"] / moe["experts"] if moe else 1.0
     quantizing = any(choose(n, i) != "preserve" for n in plan.KINDS for i in range(recipe["layers"]))
     rows: Any = wanted
     if quantizing:
@@ -136,12 +140,13 @@ def from_hf(
         rows = tqdm(wanted, desc="kwker: quantizing", unit="tensor")
     with torch.no_grad():
         for t in rows:
-            key = (t["name"], t["layer"])
+            key = (t["name"], t["layer"], t["expert"])
             src = sources.get(key)
             if src is None:
                 where = f" of layer {t['layer']}" if native.TENSORS[t["name"]]["per_layer"] else ""
+                where += f", expert {t['expert']}" if native.TENSORS[t["name"]]["per_expert"] else ""
                 raise ValueError(f"kwker: the {fam.name} mapping did not give {t['name']}{where} (its recipe needs it)")
-            _put(builder, src, choose, info, bits, imp, recipe["tied_embeddings"])
+            _put(builder, src, choose, info, bits, imp, recipe["tied_embeddings"], share)
     h = builder.build()
     info["weight_bytes_per_token"] = int(native.LIB.kwker_decoder_weight_bytes(h))
     info["kv_bytes"] = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
@@ -157,8 +162,8 @@ def from_hf(
 
 
 def _put(b: native.Builder, src: families.Source, choose: Any, info: dict, bits: list, imp: Any,
-         tied: bool) -> None:  # fmt: skip
-    name, layer = src.name, src.layer
+         tied: bool, share: float) -> None:  # fmt: skip
+    name, layer, expert = src.name, src.layer, src.expert
     matrix = native.TENSORS[name]["matrix"]
     fmt = choose(name, layer) if matrix and name in plan.KINDS else "preserve"
     if not matrix:
@@ -168,14 +173,17 @@ def _put(b: native.Builder, src: families.Source, choose: Any, info: dict, bits:
     stored = fmt if fmt != "preserve" else ("bf16" if t.dtype == torch.bfloat16 else "f32")
     if name != "pos_embed":  # a lookup table, not multiplied: not counted as weights read
         info[f"{stored}_matrices"] += 1
-        info["formats"][f"{name}.{layer}"] = stored
-        bits[0] += BITS[stored] * t.numel()
-        bits[1] += t.numel()
+        info["formats"][f"{name}.{layer}" + (f".{expert}" if native.TENSORS[name]["per_expert"] else "")] = stored
+        part = share if native.TENSORS[name]["per_expert"] else 1.0
+        bits[0] += BITS[stored] * t.numel() * part
+        bits[1] += t.numel() * part
         info["bits_per_weight"] = bits[0] / bits[1]
+        info["active_weights"] = int(round(bits[1]))
+        info["total_weights"] = info.get("total_weights", 0) + t.numel()
     if fmt == "preserve":
-        b.set(name, layer, t)
+        b.set(name, layer, t, expert=expert)
         return
     plan.check_quantizable(name, layer, fmt, t.shape[1])
-    key = ("lm_head", 0) if name == "embed" and tied else (name, layer)
+    key = ("lm_head", 0, 0) if name == "embed" and tied else src.key
     w = imp.get(key) if imp is not None else None
-    b.set(name, layer, t, fmt, w)
+    b.set(name, layer, t, fmt, w, expert=expert)

@@ -5,9 +5,9 @@ Folder layout: ``weights.safetensors`` holds one uint8 tensor per stored tensor,
 decoder keeps them (``KwkDecoder.export``); ``kwker.json`` holds the save format and version, the recipe and
 limits (``KwkDecoder.describe``: the composition as data, which is all the native decoder needs), the Hugging
 Face config, the family, the EOS ids, the ``info`` report, and per tensor its table name, layer, format,
-shape and SHA-256. Loading checks the format and version, every checksum, and (in Rust) the recipe, every
-tensor's name, shape, length and scales before anything runs: a damaged or foreign folder raises
-``ValueError`` naming what is wrong. Numbers are bit-identical after a round trip (tested).
+expert (a sparse layer's experts), shape and SHA-256. Loading checks the format and version, every checksum,
+and (in Rust) the recipe, every tensor's name, shape, length and scales before anything runs: a damaged or
+foreign folder raises ``ValueError`` naming what is wrong. Numbers are bit-identical after a round trip (tested).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import torch
 from . import native
 
 SAVE_FORMAT = "kwker-decoder"
-# 2: tensors by table name and the recipe (issue 16); 1 (Llama-only numeric kinds) is refused.
+# 2: tensors by table name and the recipe (issue 16), with an expert index per tensor since issue 17 (absent:
+# 0); 1 (Llama-only numeric kinds) is refused.
 SAVE_VERSION = 2
 WEIGHTS, META = "weights.safetensors", "kwker.json"
 
@@ -37,12 +38,13 @@ def save(dec: Any, path: str | os.PathLike[str]) -> None:
     tensors: dict[str, torch.Tensor] = {}
     index = []
     for t in desc["tensors"]:
-        fmt, rows, cols, data = dec.export(t["name"], t["layer"])
-        key = f"{t['name']}.{t['layer']}"
+        expert = t["expert"]
+        fmt, rows, cols, data = dec.export(t["name"], t["layer"], expert)
+        key = f"{t['name']}.{t['layer']}" + (f".{expert}" if native.TENSORS[t["name"]]["per_expert"] else "")
         tensors[key] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         index.append(
-            {"key": key, "name": t["name"], "layer": t["layer"], "format": fmt, "rows": rows, "cols": cols,
-             "sha256": hashlib.sha256(data).hexdigest()}
+            {"key": key, "name": t["name"], "layer": t["layer"], "expert": expert, "format": fmt, "rows": rows,
+             "cols": cols, "sha256": hashlib.sha256(data).hexdigest()}
         )  # fmt: skip
     meta = {
         "format": SAVE_FORMAT,
@@ -133,7 +135,8 @@ def _load(cls: Any, path: str | os.PathLike[str], meta: dict, max_batch: int | N
                         raise ValueError(f"{t['key']} has {data.numel()} bytes for {t['rows']} x {t['cols']} f32s")
                     b.set(t["name"], t["layer"], data.clone().view(torch.float32))  # a fresh, f32-aligned copy
                 else:
-                    b.set_packed(t["name"], t["layer"], t["format"], data, int(t["rows"]), int(t["cols"]))
+                    b.set_packed(t["name"], t["layer"], t["format"], data, int(t["rows"]), int(t["cols"]),
+                                 int(t.get("expert", 0)))  # fmt: skip
             except ValueError as exc:
                 raise _bad(path, str(exc).removeprefix("kwker: ")) from exc
     # Everything read from kwker.json before the build, so that a malformed entry cannot leak a handle.

@@ -18,7 +18,7 @@ import torch
 
 from .. import _native
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 ERR_LEN = 2048
 
 LIB = _native.LIB
@@ -43,13 +43,13 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "kwker_decoder_abi": (I32, [P, SZ, SZP, STR, SZ]),
     "kwker_recipe_tensors": (I32, [STR, P, SZ, SZP, STR, SZ]),
     "kwker_decoder_builder": (P, [STR, I64, I64, I64, STR, SZ]),
-    "kwker_decoder_set": (I32, [P, STR, I64, STR, P, I64, I64, STR, P, STR, SZ]),
-    "kwker_decoder_set_packed": (I32, [P, STR, I64, STR, P, SZ, I64, I64, STR, SZ]),
+    "kwker_decoder_set": (I32, [P, STR, I64, I64, STR, P, I64, I64, STR, P, STR, SZ]),
+    "kwker_decoder_set_packed": (I32, [P, STR, I64, I64, STR, P, SZ, I64, I64, STR, SZ]),
     "kwker_decoder_build": (P, [P, STR, SZ]),
     "kwker_decoder_builder_free": (None, [P]),
     "kwker_decoder_free": (None, [P]),
     "kwker_decoder_describe": (I32, [P, P, SZ, SZP, STR, SZ]),
-    "kwker_decoder_export": (I32, [P, STR, I64, STR, i64p, i64p, P, SZ, SZP, STR, SZ]),
+    "kwker_decoder_export": (I32, [P, STR, I64, I64, STR, i64p, i64p, P, SZ, SZP, STR, SZ]),
     "kwker_decoder_weight_bytes": (I64, [P]),
     "kwker_decoder_step": (I32, [P, I64, i64p, i64p, i64p, i32p, f32p, I64, STR, SZ]),
     "kwker_decoder_slot_len": (I64, [P, I64]),
@@ -115,8 +115,8 @@ assert set(DTYPES.values()) == set(ABI["dtypes"]), "the library's dtypes changed
 
 
 def recipe_tensors(recipe: dict[str, Any]) -> list[dict[str, Any]]:
-    """[{name, layer, rows, cols}] of every tensor a model of ``recipe`` has (ValueError if the recipe is
-    refused)."""
+    """[{name, layer, expert, rows, cols}] of every tensor a model of ``recipe`` has (``expert`` is 0 but for a
+    sparse layer's per-expert matrices; ValueError if the recipe is refused)."""
     return json.loads(sized(LIB.kwker_recipe_tensors, json.dumps(recipe).encode(), exc=ValueError))
 
 
@@ -140,17 +140,19 @@ class Builder:
             raise ValueError(f"kwker: {self.err.value.decode()}")
 
     def set(self, name: str, layer: int, t: torch.Tensor, store: str = "as_given",
-            importance: torch.Tensor | None = None) -> None:  # fmt: skip
-        """Copies ``t`` (2-D matrix or 1-D vector, float32 or bfloat16, contiguous) in as tensor ``name``."""
+            importance: torch.Tensor | None = None, expert: int = 0) -> None:  # fmt: skip
+        """Copies ``t`` (2-D matrix or 1-D vector, float32 or bfloat16, contiguous) in as tensor ``name`` of
+        ``layer`` (and ``expert``, for a per-expert matrix)."""
         rows, cols = (t.shape[0], t.shape[1]) if t.dim() == 2 else (1, t.shape[0])
         imp = importance.data_ptr() if importance is not None else None
-        rc = LIB.kwker_decoder_set(self.b, name.encode(), layer, DTYPES[t.dtype].encode(), t.data_ptr(), rows, cols,
-                                   store.encode(), imp, self.err, ERR_LEN)  # fmt: skip
+        rc = LIB.kwker_decoder_set(self.b, name.encode(), layer, expert, DTYPES[t.dtype].encode(), t.data_ptr(),
+                                   rows, cols, store.encode(), imp, self.err, ERR_LEN)  # fmt: skip
         check(rc, self.err, ValueError)
 
-    def set_packed(self, name: str, layer: int, fmt: str, data: torch.Tensor, rows: int, cols: int) -> None:
-        rc = LIB.kwker_decoder_set_packed(self.b, name.encode(), layer, fmt.encode(), data.data_ptr(), data.numel(),
-                                          rows, cols, self.err, ERR_LEN)  # fmt: skip
+    def set_packed(self, name: str, layer: int, fmt: str, data: torch.Tensor, rows: int, cols: int,
+                   expert: int = 0) -> None:  # fmt: skip
+        rc = LIB.kwker_decoder_set_packed(self.b, name.encode(), layer, expert, fmt.encode(), data.data_ptr(),
+                                          data.numel(), rows, cols, self.err, ERR_LEN)  # fmt: skip
         check(rc, self.err, ValueError)
 
     def build(self) -> int:
@@ -167,15 +169,15 @@ class Builder:
 
 
 def describe(h: Any) -> dict[str, Any]:
-    """{"recipe", "limits", "tensors": [{name, layer, rows, cols, format}]} of a built decoder."""
+    """{"recipe", "limits", "tensors": [{name, layer, expert, rows, cols, format}]} of a built decoder."""
     return json.loads(sized(LIB.kwker_decoder_describe, h))
 
 
-def export(h: Any, name: str, layer: int) -> tuple[str, int, int, bytes]:
+def export(h: Any, name: str, layer: int, expert: int = 0) -> tuple[str, int, int, bytes]:
     """(format, rows, cols, bytes) of one stored tensor, exactly as the decoder holds it."""
     err, fmt = err_buf(), ctypes.create_string_buffer(16)
     rows, cols, need = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_size_t()
-    args = (h, name.encode(), layer, fmt, ctypes.byref(rows), ctypes.byref(cols))
+    args = (h, name.encode(), layer, expert, fmt, ctypes.byref(rows), ctypes.byref(cols))
     check(LIB.kwker_decoder_export(*args, None, 0, ctypes.byref(need), err, ERR_LEN), err, ValueError)
     buf = (ctypes.c_uint8 * max(need.value, 1))()
     check(LIB.kwker_decoder_export(*args, buf, need.value, ctypes.byref(need), err, ERR_LEN), err, ValueError)

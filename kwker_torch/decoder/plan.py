@@ -15,12 +15,15 @@ Precisions (``KwkDecoder.from_hf(model, precision=...)``, ``decode.install(model
 A quantized matrix's linear reads its input rounded to int8 per 32 values (``rust/src/quant.rs``); the
 rest of the forward stays float32. ``formats={"down": "q8", "down.3": "q4", "embed": "preserve", ...}``
 overrides the plan per matrix (the tensor table's names: ``embed``, ``lm_head``, ``qkv``, ``o``, ``up`` (alias
-``gate_up``), ``down``, ``proj_in``, ``proj_out``), optionally for one layer (``kind.layer``).
+``gate_up``), ``down``, ``proj_in``, ``proj_out``, and a mixture's ``router``, ``expert_up``, ``expert_down``:
+every expert of a layer alike), optionally for one layer (``kind.layer``). A mixture's routers stay as stored
+unless ``formats=`` says otherwise (``KEEP``).
 
 Calibration (``calib=`` a text with ``tokenizer=``, or token ids): the model runs in torch over the text and
 each linear's input columns get an importance, their mean square; the quantizers then weight each
 value's error by it (as llama.cpp's importance matrix does), so the columns the text exercises most are
-kept closest.
+kept closest. An expert's importance is the mean over the tokens the router sent to it (an expert no token
+chose is quantized unweighted).
 """
 
 from __future__ import annotations
@@ -50,14 +53,18 @@ CALIB_CHUNK = 512
 # int4's matrices kept at 8 bits, by kind and by layer position: (kind, which layers).
 # "ends" = the first and last layer. Measured on the real SmolLM2-135M (quality tool, Austen text).
 SENSITIVE: tuple[tuple[str, str], ...] = (("down", "ends"), ("qkv", "ends"))
+# Kept as stored at every precision: a mixture's router (experts x hidden, a few hundred KB per layer), whose
+# rounding would move rows to other experts rather than perturb a sum.
+KEEP: tuple[str, ...] = ("router",)
 
 
 def plan(
     precision: str, layers: int, formats: dict[str, str] | None = None,
-    sensitive: tuple[tuple[str, str], ...] | None = None,
+    sensitive: tuple[tuple[str, str], ...] | None = None, keep: tuple[str, ...] = KEEP,
 ) -> Callable[[str, int], str]:
     """The format ("preserve", "q8" or "q4") of matrix ``kind`` of ``layer`` (0 for model-level matrices).
-    ``sensitive``: the family's int4 matrices kept at 8 bits (default ``SENSITIVE``)."""
+    ``sensitive``: the family's int4 matrices kept at 8 bits (default ``SENSITIVE``); ``keep``: kinds kept as
+    the checkpoint stores them at every precision (default ``KEEP``: the routers)."""
     keep8 = SENSITIVE if sensitive is None else sensitive
     overrides: dict[str, str] = {}
     for key, val in dict(formats or {}).items():
@@ -73,7 +80,7 @@ def plan(
         overrides[f"{kind}.{layer}" if layer else kind] = val
 
     def base(kind: str, layer: int) -> str:
-        if precision == "preserve":
+        if precision == "preserve" or kind in keep:
             return "preserve"
         if precision in ("balanced", "int8"):
             return "q8"
@@ -111,23 +118,30 @@ def calib_ids(calib: str | Sequence[int] | torch.Tensor, tokenizer: Any | None) 
     return ids
 
 
+Rows = Callable[[tuple[Any, ...]], "torch.Tensor | None"]
+
+
 def importance(
-    model: torch.nn.Module, ids: torch.Tensor, modules: dict[tuple[str, int], torch.nn.Module]
-) -> dict[tuple[str, int], torch.Tensor]:
-    """Mean square of each input column of every matrix over ``ids``, keyed (matrix name, layer): the model
-    runs in torch in chunks of 512 tokens with a forward pre-hook on each matrix's input module (``modules``:
-    the family's ``Source.module``; a tied embedding's key is lm_head's)."""
+    model: torch.nn.Module, ids: torch.Tensor, modules: dict[tuple[str, int, int], tuple[torch.nn.Module, Rows | None]]
+) -> dict[tuple[str, int, int], torch.Tensor]:
+    """Mean square of each input column of every matrix over ``ids``, keyed (matrix name, layer, expert): the
+    model runs in torch in chunks of 512 tokens with a forward pre-hook on each matrix's input module
+    (``modules``: the family's ``Source.module`` and ``Source.rows``, which picks the matrix's input rows from
+    the module's arguments, by default its first; a tied embedding's key is lm_head's)."""
     vocab = model.get_input_embeddings().weight.shape[0]
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ValueError(
             f"kwker: calibration token ids must be in [0, {vocab}); got {int(ids.min())}..{int(ids.max())}"
         )
-    sums: dict[tuple[str, int], torch.Tensor] = {}
-    counts: dict[tuple[str, int], int] = {}
+    sums: dict[tuple[str, int, int], torch.Tensor] = {}
+    counts: dict[tuple[str, int, int], int] = {}
 
-    def hook(key: tuple[str, int]) -> Callable[..., None]:
-        def run(_mod: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+    def hook(key: tuple[str, int, int], rows: Rows | None) -> Callable[..., None]:
+        def run(_mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            x = rows(args) if rows is not None else args[0]
+            if x is None or x.numel() == 0:
+                return
+            x = x.detach().float().reshape(-1, x.shape[-1])
             sums[key] = sums.get(key, 0) + (x * x).sum(0)
             counts[key] = counts.get(key, 0) + x.shape[0]
 
@@ -136,7 +150,7 @@ def importance(
     # The model's own forward, also when decode.install() has replaced it (a rebuild after a weight change).
     installed = getattr(model, "_kwker_decode", None)
     forward = installed.original if installed is not None else model
-    handles = [mod.register_forward_pre_hook(hook(key)) for key, mod in modules.items()]
+    handles = [mod.register_forward_pre_hook(hook(key, rows)) for key, (mod, rows) in modules.items()]
     try:
         from tqdm.auto import tqdm
 

@@ -118,12 +118,13 @@ class KwkDecoder:
         return list(self._eos)
 
     def describe(self) -> dict[str, Any]:
-        """The native decoder as it is: {"recipe", "limits", "tensors": [{name, layer, rows, cols, format}]}."""
+        """The native decoder as it is: {"recipe", "limits", "tensors": [{name, layer, expert, rows, cols, format}]}."""
         return native.describe(self._h)
 
-    def export(self, name: str, layer: int = 0) -> tuple[str, int, int, bytes]:
-        """Tensor ``name`` of ``layer`` exactly as stored: (format, rows, cols, bytes) ("vector" = f32 values)."""
-        return native.export(self._h, name, layer)
+    def export(self, name: str, layer: int = 0, expert: int = 0) -> tuple[str, int, int, bytes]:
+        """Tensor ``name`` of ``layer`` (and ``expert``) exactly as stored: (format, rows, cols, bytes) ("vector" =
+        f32 values)."""
+        return native.export(self._h, name, layer, expert)
 
     def start_position(self, slot: int) -> int:
         """The rotary position of the first token of ``slot`` (0 unless ``set_position`` gave another)."""

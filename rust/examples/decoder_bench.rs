@@ -104,9 +104,11 @@ fn recipe(s: &Shape, d: usize) -> Recipe {
             gated: true,
             act: Act::Silu,
         },
+        moe: None,
         bias: Biases::default(),
         qk_norm: None,
         clip_qkv: None,
+        clip_after_norm: false,
         attn_softcap: None,
         final_softcap: None,
         embed_scale: 1.0,
@@ -128,6 +130,7 @@ fn recipe(s: &Shape, d: usize) -> Recipe {
                 window: None,
                 rope: 0,
                 attn_scale: (d as f32).powf(-0.5),
+                sparse: false,
             };
             s.layers
         ],
@@ -155,12 +158,12 @@ fn build(s: &Shape, format: Option<Format>) -> Decoder {
             (Tensor::Embed, Some(_)) => Store::Quant(Format::Q8, None),
             (_, Some(f)) => Store::Quant(f, None),
         };
-        b.set(t.spec().name, l, Data::Bf16(&w), rows, cols, store)
+        b.set(t.spec().name, l, 0, Data::Bf16(&w), rows, cols, store)
             .unwrap();
     };
     mat(&mut b, Tensor::Embed, 0, s.vocab, h);
     let vec = |b: &mut Builder, name: &str, l: usize| {
-        b.set(name, l, Data::F32(&ones), 1, h, Store::AsGiven)
+        b.set(name, l, 0, Data::F32(&ones), 1, h, Store::AsGiven)
             .unwrap()
     };
     vec(&mut b, "final_norm", 0);
@@ -193,7 +196,7 @@ fn main() {
         _ => None,
     };
     let mut dec = build(&s, format);
-    let bytes = dec.weights().bytes_per_token() as f64;
+    let bytes = dec.weights().bytes_per_token(0) as f64;
     println!(
         "{name}: {:.0} MB of weights per token, tier {}, {threads} threads",
         bytes / 1e6,

@@ -22,6 +22,7 @@ pub mod forward;
 pub mod generate;
 pub mod layer;
 pub mod lookup;
+pub mod moe;
 pub mod norm;
 pub mod ops;
 pub mod recipe;
@@ -57,21 +58,21 @@ impl Decoder {
     pub fn new(recipe: Recipe, limits: Limits, w: Weights) -> Result<Decoder, String> {
         recipe.check()?;
         limits.check()?;
-        for (t, layer, shape) in tensors::present(&recipe) {
-            match w.get(t, layer) {
-                Some(s) if s.shape() == shape => {}
-                Some(s) => {
-                    let got = s.shape();
+        for p in tensors::present(&recipe) {
+            let what = || builder::describe(p.tensor, p.layer, p.expert);
+            match w.shape_at(p.tensor, p.layer, p.expert) {
+                Some(got) if got == p.shape => {}
+                Some(got) => {
                     return Err(format!(
                         "{} is [{}, {}], expected [{}, {}]",
-                        builder::describe(t, layer),
+                        what(),
                         got[0],
                         got[1],
-                        shape[0],
-                        shape[1]
+                        p.shape[0],
+                        p.shape[1]
                     ));
                 }
-                None => return Err(format!("{} is missing", builder::describe(t, layer))),
+                None => return Err(format!("{} is missing", what())),
             }
         }
         let cache = KvCache::new(&recipe, &limits)?;
@@ -103,6 +104,11 @@ impl Decoder {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Expert runs and rows so far (`moe::ExpertCounts`).
+    pub fn expert_counts(&self) -> moe::ExpertCounts {
+        self.scratch.moe.counts
     }
 
     pub fn weights(&self) -> &Weights {

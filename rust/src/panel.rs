@@ -197,6 +197,68 @@ fn tier(isa: Isa) -> PanelFn {
     }
 }
 
+/// One linear of a group: `y[..m * n] = x[..m * k] w^T`, no bias.
+pub struct GroupItem<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub w: &'a PanelWeight,
+    pub y: &'a mut [f32],
+}
+
+/// Several independent `panel_linear`s (a mixture's experts) in one parallel region: every item's
+/// panel ranges are tasks of one `run`. Each item's result is bit-identical to `panel_linear` of that
+/// item alone (same kernel over the same rows). Panics (never UB) when a length disagrees with the
+/// shapes or `isa` is not supported.
+pub fn panel_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'_>]) {
+    assert!(
+        isa.is_supported(),
+        "panel_linear_group: tier {} is not supported by this CPU",
+        isa.name()
+    );
+    let f = tier(isa);
+    let mut jobs = Vec::with_capacity(items.len());
+    let mut tasks: Vec<(usize, Range<usize>)> = Vec::new();
+    for it in items.iter_mut() {
+        let (n, k) = (it.w.n(), it.w.k());
+        assert!(
+            it.x.len() == it.m * k && it.y.len() == it.m * n,
+            "panel_linear_group: x has {} and y {} elements, expected {}*{k} and {}*{n}",
+            it.x.len(),
+            it.y.len(),
+            it.m,
+            it.m
+        );
+        if it.m > 0 && n > 0 && k == 0 {
+            crate::linear::broadcast_bias(it.y, n, None);
+            continue;
+        }
+        if it.m == 0 || n == 0 {
+            continue;
+        }
+        let want = par
+            .num_threads()
+            .clamp(1, (it.m * n * k / MIN_FMAS_PER_TASK).max(1));
+        for r in chunk_ranges(n.div_ceil(PANEL), want, 1) {
+            tasks.push((jobs.len(), r));
+        }
+        jobs.push(Job {
+            x: it.x,
+            m: it.m,
+            w: it.w,
+            bias: None,
+            y: SyncPtr(it.y.as_mut_ptr()),
+        });
+    }
+    let task = |i: usize| {
+        let (j, r) = &tasks[i];
+        // SAFETY: supported tier (asserted); each job's chunks are disjoint panel ranges of its own y
+        // (the items' outputs are distinct &mut slices), so no two tasks write the same element;
+        // lengths were checked above.
+        unsafe { f(&jobs[*j], r.clone()) }
+    };
+    run_tasks(par, tasks.len(), &task);
+}
+
 /// y[i, j] = sum_kk x[i, kk] * w[j, kk] (+ bias[j]) for x [m, k] row-major and y [m, n] row-major.
 ///
 /// Panics (never UB) when a slice length disagrees with m and the weight's shape, or when `isa`

@@ -541,6 +541,87 @@ pub fn quant_linear(
     });
 }
 
+/// One linear of a group: `y[..m * n] = x[..m * k] dequant(w)^T`, no bias.
+pub struct GroupItem<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub w: &'a QuantWeight,
+    pub y: &'a mut [f32],
+}
+
+thread_local! {
+    /// A group's activation buffers, one per item, reused across calls.
+    static GROUP_ACTS: RefCell<Vec<QActs>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Several independent `quant_linear`s (a mixture's experts) in one parallel region: each item's rows
+/// are quantized on the calling thread, then every item's panel ranges are tasks of one `run`. Each
+/// item's result is bit-identical to `quant_linear` of that item alone (same codes, same kernels).
+/// Panics (never UB) when a length disagrees with the shapes or `isa` is not supported.
+pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'_>]) {
+    assert!(
+        isa.is_supported(),
+        "quant_linear_group: tier {} is not supported by this CPU",
+        isa.name()
+    );
+    for it in items.iter() {
+        let (n, k) = (it.w.n, it.w.k);
+        assert!(
+            it.x.len() == it.m * k && it.y.len() == it.m * n,
+            "quant_linear_group: x has {} and y {} elements, expected {}*{k} and {}*{n}",
+            it.x.len(),
+            it.y.len(),
+            it.m,
+            it.m
+        );
+    }
+    let panel_fn = tier(isa).0;
+    GROUP_ACTS.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        if acts.len() < items.len() {
+            acts.resize_with(items.len(), QActs::default);
+        }
+        for (it, a) in items.iter().zip(acts.iter_mut()) {
+            if it.m > 0 {
+                quantize_activations(isa, it.x, a);
+            }
+        }
+        let jobs: Vec<Job<'_>> = items
+            .iter_mut()
+            .zip(acts.iter())
+            .map(|(it, a)| Job {
+                acts: a,
+                m: it.m,
+                w: it.w,
+                bias: None,
+                y: SyncPtr(it.y.as_mut_ptr()),
+            })
+            .collect();
+        // (job, panel range) tasks, each job split as quant_linear splits it.
+        let mut tasks: Vec<(usize, Range<usize>)> = Vec::new();
+        for (j, job) in jobs.iter().enumerate() {
+            let (n, k) = (job.w.n, job.w.k);
+            if job.m == 0 || n == 0 {
+                continue;
+            }
+            let want = par
+                .num_threads()
+                .clamp(1, (job.m * n * k / MIN_MACS_PER_TASK).max(1));
+            for r in chunk_ranges(n.div_ceil(QPANEL), want, 1) {
+                tasks.push((j, r));
+            }
+        }
+        let task = |i: usize| {
+            let (j, r) = &tasks[i];
+            // SAFETY: supported tier; each job's chunks are disjoint panel ranges of its own y (the
+            // items' outputs are distinct &mut slices), so no two tasks write the same element; every
+            // length was checked above.
+            unsafe { panel_fn(&jobs[*j], r.clone()) }
+        };
+        run_tasks(par, tasks.len(), &task);
+    });
+}
+
 /// Adds the bias and stores one panel's 16 sums of row `i` (only the columns that exist).
 ///
 /// # Safety

@@ -4,7 +4,9 @@
 //! and post norms, parallel blocks, q/k norms per head and across the projection, partial rotary with
 //! LongRoPE, windows, soft-caps, clipping, learned positions with a narrower embedding), that every tier
 //! agrees with the scalar tier and that a prompt read in one step equals the same tokens read one by
-//! one (10 rows cross LongRoPE's switch at 8). Exactness against Hugging Face is tests/test_families.py.
+//! one (10 rows cross LongRoPE's switch at 8); mixtures (dense and sparse layers, both routers) run each
+//! chosen expert once per window over the rows that chose it. Exactness against Hugging Face is
+//! tests/test_families.py.
 
 mod common;
 
@@ -14,7 +16,7 @@ use kwker_kernels::decoder::recipe::*;
 use kwker_kernels::decoder::tensors::{present, Tensor, TABLE};
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
 use kwker_kernels::isa::{self, Isa};
-use kwker_kernels::par::Serial;
+use kwker_kernels::par::{ScopedThreads, Serial};
 
 fn norm(kind: NormKind, bias: bool) -> Norm {
     Norm {
@@ -43,9 +45,11 @@ fn base(layers: usize) -> Recipe {
             gated: true,
             act: Act::Silu,
         },
+        moe: None,
         bias: Biases::default(),
         qk_norm: None,
         clip_qkv: None,
+        clip_after_norm: false,
         attn_softcap: None,
         final_softcap: None,
         embed_scale: 1.0,
@@ -66,7 +70,8 @@ fn base(layers: usize) -> Recipe {
             LayerSpec {
                 window: None,
                 rope: 0,
-                attn_scale: 0.3
+                attn_scale: 0.3,
+                sparse: false,
             };
             layers
         ],
@@ -148,6 +153,27 @@ fn recipes() -> Vec<(&'static str, Recipe)> {
     granite.embed_scale = 12.0;
     granite.residual_scale = 0.22;
     granite.logit_divisor = 8.0;
+    // A mixture: layer 0 dense, layers 1 and 2 sparse (4 experts of width 24, 2 per row).
+    let mut mixtral = base(3);
+    mixtral.moe = Some(Moe {
+        experts: 4,
+        top_k: 2,
+        intermediate: 24,
+        router: Router::SoftmaxTopk { renormalize: true },
+    });
+    mixtral.layer_specs[1].sparse = true;
+    mixtral.layer_specs[2].sparse = true;
+    let mut granite_moe = granite.clone();
+    granite_moe.moe = Some(Moe {
+        experts: 5,
+        top_k: 3,
+        intermediate: 16,
+        router: Router::TopkSoftmax,
+    });
+    granite_moe
+        .layer_specs
+        .iter_mut()
+        .for_each(|s| s.sparse = true);
     vec![
         ("gemma", gemma),
         ("olmo2", olmo2),
@@ -155,18 +181,25 @@ fn recipes() -> Vec<(&'static str, Recipe)> {
         ("stablelm", stablelm),
         ("opt", opt),
         ("granite", granite),
+        ("mixtral", mixtral),
+        ("granite_moe", granite_moe),
     ]
 }
 
 fn build(r: &Recipe, seed: u64) -> Decoder {
-    let mut rng = Rng::new(seed);
     let limits = Limits {
         slots: 2,
         max_context: 32,
         chunk_rows: 4,
     };
+    build_with(r, seed, limits)
+}
+
+fn build_with(r: &Recipe, seed: u64, limits: Limits) -> Decoder {
+    let mut rng = Rng::new(seed);
     let mut b = Builder::new(r.clone(), limits).unwrap();
-    for (t, layer, [rows, cols]) in present(r) {
+    for p in present(r) {
+        let (t, layer, [rows, cols]) = (p.tensor, p.layer, p.shape);
         let scale = if t.spec().matrix { 0.4 } else { 0.2 };
         let data: Vec<f32> = rng
             .vec(rows * cols)
@@ -176,6 +209,7 @@ fn build(r: &Recipe, seed: u64) -> Decoder {
         b.set(
             t.spec().name,
             layer,
+            p.expert,
             Data::F32(&data),
             rows,
             cols,
@@ -238,8 +272,8 @@ fn compositions_decide_which_tensors_exist() {
     let names = |r: &Recipe| -> Vec<&str> {
         present(r)
             .iter()
-            .filter(|x| x.1 == 0)
-            .map(|x| x.0.spec().name)
+            .filter(|x| x.layer == 0)
+            .map(|x| x.tensor.spec().name)
             .collect()
     };
     let gemma = names(&rs[0].1);
@@ -257,17 +291,17 @@ fn compositions_decide_which_tensors_exist() {
     let olmo2 = names(&rs[1].1);
     assert!(!olmo2.contains(&"attn_norm") && olmo2.contains(&"post_mlp_norm"));
     assert_eq!(
-        Tensor::QNorm.shape(&rs[1].1),
+        Tensor::QNorm.shape(&rs[1].1, 0),
         Some([1, 64]),
         "full-width q norm"
     );
     assert_eq!(
-        Tensor::KNorm.shape(&rs[3].1),
+        Tensor::KNorm.shape(&rs[3].1, 0),
         Some([1, 32]),
         "per-head k weights, 2 heads x 16"
     );
     assert_eq!(
-        Tensor::QNorm.shape(&rs[0].1),
+        Tensor::QNorm.shape(&rs[0].1, 0),
         Some([1, 16]),
         "one head's weights shared"
     );
@@ -284,8 +318,8 @@ fn compositions_decide_which_tensors_exist() {
     );
     let opt = names(&rs[4].1);
     assert!(opt.contains(&"proj_in") && opt.contains(&"pos_embed") && !opt.contains(&"final_norm"));
-    assert_eq!(Tensor::Embed.shape(&rs[4].1), Some([50, 24]));
-    assert_eq!(Tensor::ProjOut.shape(&rs[4].1), Some([24, 32]));
+    assert_eq!(Tensor::Embed.shape(&rs[4].1, 0), Some([50, 24]));
+    assert_eq!(Tensor::ProjOut.shape(&rs[4].1, 0), Some([24, 32]));
 }
 
 #[test]
@@ -299,12 +333,13 @@ fn the_builder_names_what_is_wrong() {
     let mut b = Builder::new(r.clone(), limits).unwrap();
     let v = vec![0.5f32; 64 * 32];
     let err = b
-        .set("qkv_proj", 0, Data::F32(&v[..32]), 1, 32, Store::AsGiven)
+        .set("qkv_proj", 0, 0, Data::F32(&v[..32]), 1, 32, Store::AsGiven)
         .unwrap_err();
     assert!(err.contains("unknown tensor name \"qkv_proj\""), "{err}");
     let err = b
         .set(
             "lm_head",
+            0,
             0,
             Data::F32(&v[..50 * 32]),
             50,
@@ -317,19 +352,28 @@ fn the_builder_names_what_is_wrong() {
         "{err}"
     );
     let err = b
-        .set("qkv", 1, Data::F32(&v[..32 * 32]), 32, 32, Store::AsGiven)
+        .set(
+            "qkv",
+            1,
+            0,
+            Data::F32(&v[..32 * 32]),
+            32,
+            32,
+            Store::AsGiven,
+        )
         .unwrap_err();
     assert_eq!(
         err,
         "layer 1's qkv (the fused q/k/v projection) is [32, 32], expected [128, 32]"
     );
     let err = b
-        .set("q_norm", 5, Data::F32(&v[..16]), 1, 16, Store::AsGiven)
+        .set("q_norm", 5, 0, Data::F32(&v[..16]), 1, 16, Store::AsGiven)
         .unwrap_err();
     assert!(err.contains("layer 5 does not exist"), "{err}");
     let err = b
         .set(
             "attn_norm",
+            0,
             0,
             Data::F32(&v[..32]),
             1,
@@ -353,6 +397,22 @@ fn recipes_round_trip_through_json_and_are_checked() {
         assert_eq!(back, r, "{name}");
         back.check().unwrap();
     }
+    let mut bad = base(1);
+    bad.layer_specs[0].sparse = true;
+    assert_eq!(
+        bad.check().unwrap_err(),
+        "layer 0 is sparse but the recipe has no experts (moe)"
+    );
+    bad.moe = Some(Moe {
+        experts: 4,
+        top_k: 5,
+        intermediate: 8,
+        router: Router::TopkSoftmax,
+    });
+    assert_eq!(
+        bad.check().unwrap_err(),
+        "num_experts_per_tok (5) is more than num_experts (4)"
+    );
     let mut bad = base(1);
     bad.layer_specs[0].window = Some(0);
     assert_eq!(
@@ -465,4 +525,116 @@ fn learned_positions_beyond_the_table_are_refused() {
         &mut [0.0; 50],
     )
     .unwrap();
+}
+
+#[test]
+fn a_step_runs_each_chosen_expert_once_over_the_rows_that_chose_it() {
+    let (_, r) = recipes()
+        .into_iter()
+        .find(|(n, _)| *n == "mixtral")
+        .unwrap();
+    let moe = r.moe.unwrap();
+    let sparse = r.layer_specs.iter().filter(|s| s.sparse).count() as u64;
+    let mut dec = build(&r, 14);
+    let v = r.vocab;
+    // A 10-token prompt in one step (windows of chunk_rows = 4): at most `experts` runs per window and
+    // sparse layer, every row through its k experts.
+    let tokens: Vec<u32> = (0..10).map(|i| (i * 3 + 2) % 50).collect();
+    let before = dec.expert_counts();
+    dec.step(
+        Isa::Generic,
+        &Serial,
+        &[SeqStep {
+            slot: 0,
+            tokens: &tokens,
+            logits: Logits::Last,
+        }],
+        &mut vec![0.0; v],
+    )
+    .unwrap();
+    let after = dec.expert_counts();
+    let windows = 10usize.div_ceil(4) as u64;
+    assert_eq!(after.rows - before.rows, 10 * moe.top_k as u64 * sparse);
+    assert!(after.runs - before.runs <= windows * moe.experts as u64 * sparse);
+    // One decode row: exactly its k experts per sparse layer, one row each.
+    dec.step(
+        Isa::Generic,
+        &Serial,
+        &[SeqStep {
+            slot: 0,
+            tokens: &[7],
+            logits: Logits::Last,
+        }],
+        &mut vec![0.0; v],
+    )
+    .unwrap();
+    let last = dec.expert_counts();
+    assert_eq!(last.runs - after.runs, moe.top_k as u64 * sparse);
+    assert_eq!(last.rows - after.rows, moe.top_k as u64 * sparse);
+    // ... in one linear call per matrix kind for all k of them (grouped), where the prompt's windows
+    // of 4 rows x 2 picks (8 <= GROUP_PICKS) were grouped too.
+    assert_eq!(last.calls - after.calls, 2 * sparse);
+    assert_eq!(after.calls - before.calls, 2 * windows * sparse);
+    // Bytes per decode token count the router and k of the experts.
+    let w = dec.weights();
+    let expert = |l: usize, e: usize| {
+        let (u, d) = w.expert(l, e);
+        u.bytes() + d.bytes()
+    };
+    assert_eq!(
+        w.active_expert_bytes(1, moe.top_k),
+        moe.top_k * expert(1, 0)
+    );
+    assert_eq!(w.active_expert_bytes(0, moe.top_k), 0, "layer 0 is dense");
+}
+
+#[test]
+fn a_long_window_runs_expert_after_expert_with_the_grouped_rows_numbers() {
+    let (_, r) = recipes()
+        .into_iter()
+        .find(|(n, _)| *n == "mixtral")
+        .unwrap();
+    let limits = Limits {
+        slots: 1,
+        max_context: 64,
+        chunk_rows: 40,
+    };
+    let mut dec = build_with(&r, 15, limits);
+    let sparse = r.layer_specs.iter().filter(|s| s.sparse).count() as u64;
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 7 + 1) % 50).collect();
+    // 40 rows x 2 picks = 80 > GROUP_PICKS: one GEMM per chosen expert, two linear calls each.
+    assert!(40 * r.moe.unwrap().top_k > kwker_kernels::decoder::moe::GROUP_PICKS);
+    let before = dec.expert_counts();
+    let whole = logits_of(&mut dec, Isa::Generic, &tokens, false);
+    let after = dec.expert_counts();
+    assert_eq!(after.calls - before.calls, 2 * (after.runs - before.runs));
+    assert!(after.runs - before.runs <= r.moe.unwrap().experts as u64 * sparse);
+    // Token by token every step is grouped; the logits agree to summation order.
+    let single = logits_of(&mut dec, Isa::Generic, &tokens, true);
+    let grouped = dec.expert_counts();
+    assert_eq!(grouped.calls - after.calls, 2 * sparse * 40);
+    let scale = single.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let worst = whole
+        .iter()
+        .zip(&single)
+        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+    assert!(worst <= 1e-5 * scale, "{worst} of {scale}");
+    // Threads change no number (each task owns whole output panels).
+    let threaded = {
+        dec.truncate(0, 0).unwrap();
+        let mut out = vec![0.0; tokens.len() * r.vocab];
+        dec.step(
+            Isa::Generic,
+            &ScopedThreads(2),
+            &[SeqStep {
+                slot: 0,
+                tokens: &tokens,
+                logits: Logits::All,
+            }],
+            &mut out,
+        )
+        .unwrap();
+        out
+    };
+    assert_eq!(threaded, whole);
 }

@@ -9,7 +9,7 @@ use common::Rng;
 use kwker_kernels::bf16::bf16_to_f32;
 use kwker_kernels::isa;
 use kwker_kernels::linear::{linear, Weight};
-use kwker_kernels::panel::{panel_linear, PanelWeight};
+use kwker_kernels::panel::{panel_linear, panel_linear_group, GroupItem, PanelWeight};
 use kwker_kernels::par::{ScopedThreads, Serial};
 use kwker_kernels::pool::SpinPool;
 
@@ -148,4 +148,63 @@ fn packed_rows_round_trip() {
         assert_eq!(&row[..], &wf[j * k..(j + 1) * k]);
     }
     assert_eq!(pb.bytes(), 3 * 32 * k * 2); // 70 rows pad to 3 panels
+}
+
+#[test]
+fn a_group_equals_each_linear_alone_in_every_tier() {
+    // Items of awkward shapes (an empty one, k = 0, a prompt-sized one among them), as a mixture's
+    // experts: each item's output is bit-identical to panel_linear of that item, serial or threaded.
+    let mut rng = Rng::new(42);
+    let shapes = [
+        (1, 33, 63),
+        (0, 32, 65),
+        (3, 65, 300),
+        (2, 5, 0),
+        (20, 31, 257),
+    ];
+    for bf16 in [true, false] {
+        let ws: Vec<PanelWeight> = shapes
+            .iter()
+            .map(|&(_, n, k)| {
+                if bf16 {
+                    PanelWeight::from_bf16(&rng.bf16_vec(n * k), n, k)
+                } else {
+                    PanelWeight::from_f32(&rng.vec(n * k), n, k)
+                }
+            })
+            .collect();
+        let xs: Vec<Vec<f32>> = shapes.iter().map(|&(m, _, k)| rng.vec(m * k)).collect();
+        for tier in isa::supported() {
+            let alone: Vec<Vec<f32>> = shapes
+                .iter()
+                .zip(&ws)
+                .zip(&xs)
+                .map(|((&(m, n, _), w), x)| {
+                    let mut y = vec![0.0f32; m * n];
+                    panel_linear(tier, &Serial, x, m, w, None, &mut y);
+                    y
+                })
+                .collect();
+            for threads in [1, 2] {
+                let mut ys: Vec<Vec<f32>> = shapes
+                    .iter()
+                    .map(|&(m, n, _)| vec![f32::NAN; m * n])
+                    .collect();
+                let mut items: Vec<GroupItem<'_>> = shapes
+                    .iter()
+                    .zip(&ws)
+                    .zip(&xs)
+                    .zip(ys.iter_mut())
+                    .map(|(((&(m, _, _), w), x), y)| GroupItem { x, m, w, y })
+                    .collect();
+                panel_linear_group(tier, &ScopedThreads(threads), &mut items);
+                assert_eq!(
+                    ys,
+                    alone,
+                    "bf16 {bf16} tier {} threads {threads}",
+                    tier.name()
+                );
+            }
+        }
+    }
 }

@@ -11,8 +11,8 @@ use kwker_kernels::isa;
 use kwker_kernels::par::{ScopedThreads, Serial};
 use kwker_kernels::pool::SpinPool;
 use kwker_kernels::quant::{
-    kernel_name, quant_linear, quantize, quantize_activations, quantize_block, Format, QActs,
-    QuantOptions, QuantWeight, LO, QSUB,
+    kernel_name, quant_linear, quant_linear_group, quantize, quantize_activations, quantize_block,
+    Format, GroupItem, QActs, QuantOptions, QuantWeight, LO, QSUB,
 };
 
 fn opts(format: Format) -> QuantOptions<'static> {
@@ -321,5 +321,60 @@ fn packed_bytes_round_trip_and_damage_is_refused() {
             err.contains("row 0 block 0 has a non-finite scale"),
             "{err}"
         );
+    }
+}
+
+#[test]
+fn a_group_equals_each_linear_alone_in_every_tier() {
+    // Items of awkward shapes (an empty one among them), as a mixture's experts: each item's output is
+    // bit-identical to quant_linear of that item, serial or on two threads.
+    let mut rng = Rng::new(41);
+    let shapes = [
+        (1, 17, 64),
+        (3, 65, 128),
+        (0, 16, 64),
+        (5, 1, 192),
+        (2, 33, 64),
+    ];
+    for format in [Format::Q8, Format::Q4] {
+        let ws: Vec<QuantWeight> = shapes
+            .iter()
+            .map(|&(_, n, k)| {
+                QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap())
+            })
+            .collect();
+        let xs: Vec<Vec<f32>> = shapes.iter().map(|&(m, _, k)| rng.vec(m * k)).collect();
+        for tier in isa::supported() {
+            let alone: Vec<Vec<f32>> = shapes
+                .iter()
+                .zip(&ws)
+                .zip(&xs)
+                .map(|((&(m, n, _), w), x)| {
+                    let mut y = vec![0.0f32; m * n];
+                    quant_linear(tier, &Serial, x, m, w, None, &mut y);
+                    y
+                })
+                .collect();
+            for threads in [1, 2] {
+                let mut ys: Vec<Vec<f32>> = shapes
+                    .iter()
+                    .map(|&(m, n, _)| vec![f32::NAN; m * n])
+                    .collect();
+                let mut items: Vec<GroupItem<'_>> = shapes
+                    .iter()
+                    .zip(&ws)
+                    .zip(&xs)
+                    .zip(ys.iter_mut())
+                    .map(|(((&(m, _, _), w), x), y)| GroupItem { x, m, w, y })
+                    .collect();
+                quant_linear_group(tier, &ScopedThreads(threads), &mut items);
+                assert_eq!(
+                    ys,
+                    alone,
+                    "{format:?} tier {} threads {threads}",
+                    tier.name()
+                );
+            }
+        }
     }
 }

@@ -1,6 +1,6 @@
 """The families KwkDecoder runs, each a mapping from a Hugging Face config and module tree to the native
-decoder's recipe and tensor names (``base.py``); a new dense family is a mapping here plus its tests, with
-no new Rust unless it brings a new part.
+decoder's recipe and tensor names (``base.py``); a new family is a mapping here plus its tests, with no new
+Rust unless it brings a new part (mixtures of experts: ``moe.py``).
 
 ``read(model)`` returns the family and the recipe, or raises a ValueError that names the model type or the
 config field that is not supported and what to use instead.
@@ -12,11 +12,13 @@ from typing import Any
 
 import torch
 
-from . import gemma, learned, llama, neox, phi
+from . import gemma, learned, llama, moe, neox, phi
 from .base import Family, Source
 from .fields import Fields, has_field
 
-FAMILIES: tuple[Family, ...] = (*llama.FAMILIES, *gemma.FAMILIES, *phi.FAMILIES, *neox.FAMILIES, *learned.FAMILIES)
+FAMILIES: tuple[Family, ...] = (
+    *llama.FAMILIES, *moe.FAMILIES, *gemma.FAMILIES, *phi.FAMILIES, *neox.FAMILIES, *learned.FAMILIES
+)
 BY_TYPE: dict[str, Family] = {t: fam for fam in FAMILIES for t in fam.model_types}
 # The position-limit field of each config (all but GPT-2's are max_position_embeddings).
 MAX_POSITIONS = ("max_position_embeddings", "n_positions")

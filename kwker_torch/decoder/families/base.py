@@ -11,7 +11,7 @@ from its own buffers, so a bf16 model's rounded ``inv_freq`` is used as that mod
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,12 +33,21 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 @dataclass
 class Source:
     """One tensor handed to the decoder: its table name, layer (0 for model-level), value (2-D matrix
-    [out, in] or 1-D vector), and for matrices the module whose forward input is the matrix's input."""
+    [out, in] or 1-D vector), and for matrices the module whose forward input is the matrix's input;
+    ``expert`` places a sparse layer's per-expert matrix, and ``rows`` (calibration) picks the matrix's input
+    rows from that module's forward arguments when they are not simply its first argument (an expert reads
+    only the tokens routed to it)."""
 
     name: str
     layer: int
     value: torch.Tensor
     module: torch.nn.Module | None = None
+    expert: int = 0
+    rows: Callable[[tuple[Any, ...]], torch.Tensor | None] | None = None
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.name, self.layer, self.expert)
 
 
 class Family:

@@ -109,7 +109,8 @@ class LlamaStyle(Family):
     def heads(self, f: Fields, attn: torch.nn.Module) -> tuple[int, int, int]:
         heads = int(f["num_attention_heads"])
         kv = int(f["num_key_value_heads"]) if has_field(f.cfg, "num_key_value_heads") else heads
-        hd = f["head_dim"] if has_field(f.cfg, "head_dim") else None
+        # Some configs (Qwen3-MoE, Granite-MoE, OLMoE) take head_dim as an extra keyword, not a declared field.
+        hd = f["head_dim"] if has_field(f.cfg, "head_dim") or hasattr(f.cfg, "head_dim") else None
         head_dim = int(hd) if hd else int(f["hidden_size"]) // heads
         have = getattr(attn, "head_dim", getattr(attn, "head_size", head_dim))
         if int(have) != head_dim:
@@ -127,7 +128,9 @@ class LlamaStyle(Family):
             raise ValueError(f"kwker: {self.name}: {len(layers)} layers for num_hidden_layers={n}")
         self.bias_fields(f)
         _, qkv_bias, _ = self.qkv(a)
-        ups, down = self.mlp_mats(layers[0])
+        moe, sparse = self.mixture(f, n)
+        dense = [layer for i, layer in enumerate(layers) if not sparse[i]]
+        ups, down = self.mlp_mats(dense[0]) if dense else ([], None)
         ropes, rope_of = self.rope_tables(f, inner, head_dim)
         windows = self.windows(f, n)
         scale = scaling(a, self.attn_scale(f, head_dim), self.name)
@@ -138,12 +141,13 @@ class LlamaStyle(Family):
             "kv_heads": kv, "head_dim": head_dim, "intermediate": int(f["intermediate_size"]),
             "norm": self.norm(f), "placement": self.placement, "block": self.block(f),
             "mlp": {"gated": self.gated, "act": act(f, self.act_field)},
+            "moe": moe,
             "bias": biases(qkv=qkv_bias is not None, o=self.out_proj(a).bias is not None,
-                           up=ups[0].bias is not None, down=down.bias is not None,
+                           up=bool(ups) and ups[0].bias is not None, down=down is not None and down.bias is not None,
                            lm_head=model.lm_head.bias is not None),
             "qk_norm": self.qk_norm(f), "final_norm": True, "tied_embeddings": is_tied,
             "positions": {"rotary": {"ropes": ropes}},
-            "layer_specs": [layer_spec(scale, windows[i], rope_of[i]) for i in range(n)],
+            "layer_specs": [{**layer_spec(scale, windows[i], rope_of[i]), "sparse": sparse[i]} for i in range(n)],
             **self.scalars(f, model),
         }  # fmt: skip
 
@@ -178,6 +182,9 @@ class LlamaStyle(Family):
             yield Source("o", i, o.weight, o)
             if o.bias is not None:
                 yield Source("o.bias", i, o.bias.detach().float())
+            if recipe["layer_specs"][i]["sparse"]:
+                yield from self.expert_sources(i, layer)
+                continue
             ups, down = self.mlp_mats(layer)
             yield Source("up", i, cat(*[u.weight for u in ups]), ups[0])
             b = fused_bias(*ups)
@@ -186,6 +193,13 @@ class LlamaStyle(Family):
             yield Source("down", i, down.weight, down)
             if down.bias is not None:
                 yield Source("down.bias", i, down.bias.detach().float())
+
+    def mixture(self, f: Fields, layers: int) -> tuple[dict[str, Any] | None, list[bool]]:
+        """The recipe's experts (None for a dense model) and which layers are sparse (``moe.py``)."""
+        return None, [False] * layers
+
+    def expert_sources(self, i: int, layer: torch.nn.Module) -> Iterator[Source]:
+        raise NotImplementedError(f"{self.name} has no sparse layers")
 
     def norm_sources(self, name: str, layer: int, mod: torch.nn.Module) -> Iterator[Source]:
         w = getattr(mod, "weight", None)

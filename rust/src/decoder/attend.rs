@@ -8,7 +8,8 @@
 //! Attention runs per sequence (segment) over the keys it can see: with a sliding window the cache
 //! view starts at the first key its first row sees and the kernel bounds each row's keys, so a
 //! window costs what full attention of that length costs, prompt rows in blocks.
-//! Numerical contract: as `forward.rs` (the order clip -> norm -> rotary is every family's order).
+//! Numerical contract: as `forward.rs` (clip -> norm -> rotary, or norm -> clip -> rotary where the recipe
+//! says `clip_after_norm`: OLMoE).
 
 use super::cache::KvCache;
 use super::forward::{lin, Model, Row, Segment};
@@ -89,12 +90,16 @@ pub fn sublayer(
         .map(|t| (*t, model.ropes[spec.rope].half));
     for (i, row) in rows.iter().enumerate() {
         let qkv = &mut b.qkv[i * qkvw..(i + 1) * qkvw];
-        if let Some(c) = r.clip_qkv {
+        let clip = r.clip_qkv;
+        if let (Some(c), false) = (clip, r.clip_after_norm) {
             ops::clip(qkv, c);
         }
         if let Some(n) = &r.qk_norm {
             let (q, rest) = qkv.split_at_mut(qw);
             qk_norm(n, norm_w, d, q, &mut rest[..kvw]);
+        }
+        if let (Some(c), true) = (clip, r.clip_after_norm) {
+            ops::clip(qkv, c);
         }
         if let Some((t, half)) = rope {
             let (cos, sin) = t.at(row.pos, half);

@@ -53,10 +53,13 @@ pub struct Builder {
     quant_threads: usize,
 }
 
-/// "layer 3's qkv (the fused q/k/v projection)" or "embed (the token embedding)".
-pub fn describe(t: Tensor, layer: usize) -> String {
+/// "layer 3's qkv (the fused q/k/v projection)", "layer 1's expert 5 expert_up (...)" or "embed (the
+/// token embedding)".
+pub fn describe(t: Tensor, layer: usize, expert: usize) -> String {
     let s = t.spec();
-    if s.per_layer {
+    if s.per_expert {
+        format!("layer {layer}'s expert {expert} {} ({})", s.name, s.about)
+    } else if s.per_layer {
         format!("layer {layer}'s {} ({})", s.name, s.about)
     } else {
         format!("{} ({})", s.name, s.about)
@@ -85,12 +88,13 @@ impl Builder {
         self.quant_threads = n.max(1);
     }
 
-    /// The tensor named `name` of `layer`, checked to belong to this recipe with shape
+    /// The tensor named `name` of `layer` (and `expert`), checked to belong to this recipe with shape
     /// [rows, cols].
     fn resolve(
         &self,
         name: &str,
         layer: usize,
+        expert: usize,
         rows: usize,
         cols: usize,
     ) -> Result<Tensor, String> {
@@ -105,16 +109,23 @@ impl Builder {
             ));
         }
         let layer = if spec.per_layer { layer } else { 0 };
-        let want = t.shape(&self.recipe).ok_or_else(|| {
+        if spec.per_expert && expert >= self.recipe.experts() {
+            return Err(format!(
+                "expert {expert} does not exist (the model has {} per sparse layer)",
+                self.recipe.experts()
+            ));
+        }
+        let expert = if spec.per_expert { expert } else { 0 };
+        let want = t.shape(&self.recipe, layer).ok_or_else(|| {
             format!(
                 "{} is not part of this model's recipe (its composition has no place for it)",
-                describe(t, layer)
+                describe(t, layer, expert)
             )
         })?;
         if want != [rows, cols] {
             return Err(format!(
                 "{} is [{rows}, {cols}], expected [{}, {}]",
-                describe(t, layer),
+                describe(t, layer, expert),
                 want[0],
                 want[1]
             ));
@@ -122,12 +133,14 @@ impl Builder {
         Ok(t)
     }
 
-    /// Copies one tensor in. `layer` is ignored for model-level tensors; `store` only applies to
-    /// matrices.
+    /// Copies one tensor in. `layer` is ignored for model-level tensors, `expert` unless the tensor is
+    /// per expert; `store` only applies to matrices.
+    #[allow(clippy::too_many_arguments)]
     pub fn set(
         &mut self,
         name: &str,
         layer: usize,
+        expert: usize,
         data: Data<'_>,
         rows: usize,
         cols: usize,
@@ -139,21 +152,21 @@ impl Builder {
                 data.len()
             ));
         }
-        let t = self.resolve(name, layer, rows, cols)?;
+        let t = self.resolve(name, layer, expert, rows, cols)?;
         if !data.finite() {
             return Err(format!(
                 "{}: the tensor holds NaN or infinite values",
-                describe(t, layer)
+                describe(t, layer, expert)
             ));
         }
         if !t.spec().matrix {
             if matches!(store, Store::Quant(..)) {
                 return Err(format!(
                     "{} is a vector; only matrices can be quantized",
-                    describe(t, layer)
+                    describe(t, layer, expert)
                 ));
             }
-            self.w.put(t, layer, Stored::Vec(data.to_f32()));
+            self.w.put(t, layer, expert, Stored::Vec(data.to_f32()));
             return Ok(());
         }
         let m = match (store, data) {
@@ -169,43 +182,49 @@ impl Builder {
                 let q = quantize(&values, rows, cols, &opt).map_err(|e| {
                     format!(
                         "{} cannot be stored as {}: {e}",
-                        describe(t, layer),
+                        describe(t, layer, expert),
                         format.name()
                     )
                 })?;
                 Mat::Quant(QuantWeight::pack(&q))
             }
         };
-        self.w.put(t, layer, Stored::Mat(m));
+        self.w.put(t, layer, expert, Stored::Mat(m));
         Ok(())
     }
 
     /// A matrix in its packed form, as a saved decoder holds it (`Mat::format`,
     /// `Mat::packed_bytes`); lengths and scales are checked, so a damaged file is refused.
+    #[allow(clippy::too_many_arguments)]
     pub fn set_packed(
         &mut self,
         name: &str,
         layer: usize,
+        expert: usize,
         format: MatFormat,
         rows: usize,
         cols: usize,
         bytes: &[u8],
     ) -> Result<(), String> {
-        let t = self.resolve(name, layer, rows, cols)?;
+        let t = self.resolve(name, layer, expert, rows, cols)?;
+        let expert = if t.spec().per_expert { expert } else { 0 };
         if !t.spec().matrix {
-            return Err(format!("{} is not a matrix", describe(t, layer)));
+            return Err(format!("{} is not a matrix", describe(t, layer, expert)));
         }
         let m = Mat::from_packed(format, rows, cols, bytes)
-            .map_err(|e| format!("{}: {e}", describe(t, layer)))?;
-        self.w.put(t, layer, Stored::Mat(m));
+            .map_err(|e| format!("{}: {e}", describe(t, layer, expert)))?;
+        self.w.put(t, layer, expert, Stored::Mat(m));
         Ok(())
     }
 
     /// The decoder, once every tensor the recipe has has been given.
     pub fn build(self) -> Result<Decoder, String> {
-        for (t, layer, _) in present(&self.recipe) {
-            if self.w.get(t, layer).is_none() {
-                return Err(format!("{} was never given", describe(t, layer)));
+        for p in present(&self.recipe) {
+            if self.w.shape_at(p.tensor, p.layer, p.expert).is_none() {
+                return Err(format!(
+                    "{} was never given",
+                    describe(p.tensor, p.layer, p.expert)
+                ));
             }
         }
         Decoder::new(self.recipe, self.limits, self.w)

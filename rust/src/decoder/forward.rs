@@ -21,6 +21,7 @@ use std::ops::Range;
 
 use super::cache::KvCache;
 use super::layer;
+use super::moe::MoeBufs;
 use super::norm::norm_rows;
 use super::ops;
 use super::recipe::{Limits, Positions, Recipe};
@@ -84,6 +85,8 @@ pub struct Scratch {
     pub e: Vec<f32>,
     /// The rows whose logits are wanted, gathered from `x` ([rows][hidden]).
     pub fin: Vec<f32>,
+    /// A sparse layer's router logits and per-expert rows.
+    pub moe: MoeBufs,
     rows: usize,
 }
 
@@ -107,6 +110,21 @@ impl Scratch {
         grow(&mut self.attn, r.q_width());
         grow(&mut self.gu, r.up_rows());
         grow(&mut self.act, r.intermediate);
+        if let Some(moe) = r.moe {
+            // An expert's rows (at most the window's) or a grouped step's picks (moe::GROUP_PICKS).
+            let picks = rows * moe.top_k;
+            let expert_rows = rows.max(picks.min(super::moe::GROUP_PICKS));
+            let at_least = |v: &mut Vec<f32>, n: usize| {
+                if v.len() < n {
+                    v.resize(n, 0.0)
+                }
+            };
+            at_least(&mut self.gu, expert_rows * r.expert_up_rows());
+            at_least(&mut self.act, expert_rows * moe.intermediate);
+            grow(&mut self.moe.logits, moe.experts);
+            grow(&mut self.moe.rows_in, h * moe.top_k);
+            grow(&mut self.moe.rows_out, h * moe.top_k);
+        }
         grow(&mut self.tmp, r.q_width());
         grow(&mut self.e, r.embed_dim.max(h));
         self.rows = rows;
@@ -151,6 +169,35 @@ pub fn lin(
     match w {
         Mat::Panel(p) => panel_linear(isa, par, x, m, p, b, y),
         Mat::Quant(q) => quant_linear(isa, par, x, m, q, b, y),
+    }
+}
+
+/// One linear of a group (`lin_group`): y[..m * n] = x[..m * k] w^T, no bias.
+pub struct LinItem<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub w: &'a Mat,
+    pub y: &'a mut [f32],
+}
+
+/// Independent linears (a mixture's experts) in one parallel region per storage kind; each result is
+/// bit-identical to `lin` of that item alone.
+pub fn lin_group(isa: Isa, par: &dyn Parallel, items: Vec<LinItem<'_>>) {
+    let mut panels = Vec::new();
+    let mut quants = Vec::new();
+    for it in items {
+        let (n, k, m) = (it.w.rows(), it.w.cols(), it.m);
+        let (x, y) = (&it.x[..m * k], &mut it.y[..m * n]);
+        match it.w {
+            Mat::Panel(w) => panels.push(crate::panel::GroupItem { x, m, w, y }),
+            Mat::Quant(w) => quants.push(crate::quant::GroupItem { x, m, w, y }),
+        }
+    }
+    if !panels.is_empty() {
+        crate::panel::panel_linear_group(isa, par, &mut panels);
+    }
+    if !quants.is_empty() {
+        crate::quant::quant_linear_group(isa, par, &mut quants);
     }
 }
 

@@ -6,13 +6,15 @@
 //!                PostResidual norms the sum instead: x = post(x + f(x))
 //!   parallel:    h = attn_norm(x);  x = (attn(h) + mlp(mlp_norm(x) or h)) + x,
 //!                or (x + attn(h)) + mlp(...), as the model rounds it
-//!   mlp:         down(act(gate h) * up h) when gated, else down(act(up h)), biases as the recipe has
+//!   mlp:         down(act(gate h) * up h) when gated, else down(act(up h)), biases as the recipe has;
+//!                in a sparse layer the mixture of experts (`moe.rs`)
 //!
 //! Numerical contract: as `forward.rs` (float32; each part as its module's contract).
 
 use super::attend::{self, AttnBufs};
 use super::cache::KvCache;
-use super::forward::{lin, Model, Row, Scratch, Segment};
+use super::forward::{Model, Row, Scratch, Segment};
+use super::moe;
 use super::norm::{norm_rows, norm_rows_in_place};
 use super::ops;
 use super::recipe::{Block, Placement, Recipe};
@@ -21,7 +23,6 @@ use super::tensors::Tensor;
 use super::weights::Weights;
 use crate::isa::Isa;
 use crate::par::Parallel;
-use crate::vmath;
 
 /// Norm `weight` (and its bias tensor `bias`) of layer `l` over `m` rows of `x` into `out`.
 fn norm_into(r: &Recipe, w: &Weights, l: usize, t: [Tensor; 2], x: &[f32], out: &mut [f32]) {
@@ -64,6 +65,7 @@ pub fn run(
         act,
         f,
         tmp,
+        moe: mbufs,
         ..
     } = s;
     let (x, h, a, f) = (&mut x[..n], &mut h[..n], &mut a[..n], &mut f[..n]);
@@ -74,8 +76,20 @@ pub fn run(
             model, tables, isa, par, cache, input, &mut bufs, out, rows, segs, l,
         )
     };
-    let mut run_mlp =
-        |input: &[f32], out: &mut [f32]| mlp(r, w, isa, par, input, gu, act, out, m, l);
+    let sparse = r.sparse(l);
+    let mut run_mlp = |input: &[f32], out: &mut [f32]| {
+        if sparse {
+            moe::run(r, w, isa, par, input, mbufs, gu, act, out, m, l)
+        } else {
+            let mats = (
+                w.mat(Tensor::Up, l),
+                w.vec(Tensor::UpBias, l),
+                w.mat(Tensor::Down, l),
+                w.vec(Tensor::DownBias, l),
+            );
+            moe::ffn(r, isa, par, mats, input, gu, act, out, m)
+        }
+    };
     match r.block {
         Block::Sequential => {
             let pre = matches!(r.placement, Placement::Pre | Placement::Sandwich);
@@ -127,37 +141,4 @@ pub fn run(
             }
         }
     }
-}
-
-/// The MLP of layer `l` over `m` rows of `input` into `out` ([m][hidden]).
-#[allow(clippy::too_many_arguments)]
-fn mlp(
-    r: &Recipe,
-    w: &Weights,
-    isa: Isa,
-    par: &dyn Parallel,
-    input: &[f32],
-    gu: &mut [f32],
-    act: &mut [f32],
-    out: &mut [f32],
-    m: usize,
-    l: usize,
-) {
-    let i = r.intermediate;
-    let (up, down) = (w.mat(Tensor::Up, l), w.mat(Tensor::Down, l));
-    lin(isa, par, input, m, up, w.vec(Tensor::UpBias, l), gu);
-    let hidden: &[f32] = if r.mlp.gated {
-        for (row, o) in gu[..m * 2 * i]
-            .chunks_exact(2 * i)
-            .zip(act[..m * i].chunks_exact_mut(i))
-        {
-            let (g, u) = row.split_at(i);
-            vmath::act_mul(isa, r.mlp.act, g, u, o);
-        }
-        &act[..m * i]
-    } else {
-        vmath::act_in_place(isa, r.mlp.act, &mut gu[..m * i]);
-        &gu[..m * i]
-    };
-    lin(isa, par, hidden, m, down, w.vec(Tensor::DownBias, l), out);
 }

@@ -73,6 +73,30 @@ pub struct Mlp {
     pub act: Act,
 }
 
+/// How a mixture-of-experts layer's router turns its logits (router · x, float32) into the k experts
+/// a row runs through and their weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Router {
+    /// Softmax over every expert, the k largest probabilities, divided by their sum when
+    /// `renormalize` (Mixtral always; Qwen3-MoE and OLMoE when `norm_topk_prob`).
+    SoftmaxTopk { renormalize: bool },
+    /// The k largest logits, then a softmax over those k (Granite-MoE).
+    TopkSoftmax,
+}
+
+/// The experts of the sparse layers (`LayerSpec::sparse`): each an MLP as `Recipe::mlp` composes it
+/// (no biases) of width `intermediate`; a row's MLP output is the router-weighted sum of its `top_k`
+/// experts' outputs, summed in ascending expert order as Hugging Face's `index_add_` loop does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Moe {
+    pub experts: usize,
+    pub top_k: usize,
+    pub intermediate: usize,
+    pub router: Router,
+}
+
 /// Which projections have a bias.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -149,6 +173,9 @@ pub struct LayerSpec {
     pub rope: usize,
     /// Multiplies q before the dot products (usually head_dim^-0.5).
     pub attn_scale: f32,
+    /// The MLP is the mixture of experts (`Recipe::moe`) instead of the dense MLP.
+    #[serde(default)]
+    pub sparse: bool,
 }
 
 fn one() -> f32 {
@@ -173,12 +200,18 @@ pub struct Recipe {
     pub placement: Placement,
     pub block: Block,
     pub mlp: Mlp,
+    /// The experts of the layers whose spec is `sparse`; dense layers keep `intermediate`.
+    #[serde(default)]
+    pub moe: Option<Moe>,
     pub bias: Biases,
     #[serde(default)]
     pub qk_norm: Option<QkNorm>,
     /// q, k and v clamped to [-c, c] after their projection (OLMo).
     #[serde(default)]
     pub clip_qkv: Option<f32>,
+    /// The clamp comes after the q/k norm instead of before it (OLMoE).
+    #[serde(default)]
+    pub clip_after_norm: bool,
     #[serde(default)]
     pub attn_softcap: Option<f32>,
     #[serde(default)]
@@ -241,6 +274,26 @@ impl Recipe {
         }
     }
 
+    /// Rows of an expert's first matrix ([gate; up] when gated).
+    pub fn expert_up_rows(&self) -> usize {
+        let i = self.moe.map_or(0, |m| m.intermediate);
+        if self.mlp.gated {
+            2 * i
+        } else {
+            i
+        }
+    }
+
+    /// Whether layer `l`'s MLP is the mixture of experts.
+    pub fn sparse(&self, l: usize) -> bool {
+        self.layer_specs.get(l).is_some_and(|s| s.sparse)
+    }
+
+    /// Experts of a sparse layer (0 without experts).
+    pub fn experts(&self) -> usize {
+        self.moe.map_or(0, |m| m.experts)
+    }
+
     pub fn ropes(&self) -> &[Rope] {
         match &self.positions {
             Positions::Rotary { ropes } => ropes,
@@ -301,6 +354,45 @@ impl Recipe {
         ] {
             if a.checked_mul(b).is_none_or(|e| e > isize::MAX as usize / 8) {
                 return Err(format!("a [{a}, {b}] matrix is too large to hold"));
+            }
+        }
+        if let Some(m) = &self.moe {
+            for (name, v) in [
+                ("num_experts", m.experts),
+                ("num_experts_per_tok", m.top_k),
+                ("moe_intermediate_size", m.intermediate),
+            ] {
+                if v == 0 || v >= 1 << 24 {
+                    return Err(format!("{name} = {v}: expected 1 ..= 2^24 - 1"));
+                }
+            }
+            if m.top_k > m.experts {
+                return Err(format!(
+                    "num_experts_per_tok ({}) is more than num_experts ({})",
+                    m.top_k, m.experts
+                ));
+            }
+            let a = self.expert_up_rows();
+            if a.checked_mul(self.hidden)
+                .is_none_or(|e| e > isize::MAX as usize / 8)
+            {
+                return Err(format!(
+                    "an expert's [{a}, {}] matrix is too large to hold",
+                    self.hidden
+                ));
+            }
+            if self.bias.up || self.bias.down {
+                return Err(
+                    "the experts' MLPs have no biases; a mixture with MLP biases is not supported"
+                        .into(),
+                );
+            }
+        }
+        if let Some(l) = self.layer_specs.iter().position(|s| s.sparse) {
+            if self.moe.is_none() {
+                return Err(format!(
+                    "layer {l} is sparse but the recipe has no experts (moe)"
+                ));
             }
         }
         check_norm(&self.norm, "the norm")?;

@@ -6,6 +6,10 @@
 //! Matrices are [rows, cols] = [outputs, inputs] as `nn.Linear` stores them (fused projections stack
 //! their parts' rows: q/k/v as [q; k; v], a gated MLP's first matrix as [gate; up]); vectors are
 //! [1, n]. The embedding and the learned position table are matrices read by row.
+//!
+//! A sparse layer (`LayerSpec::sparse`) has a router [experts, hidden] and, per expert, an up and a down
+//! matrix (shaped as the dense MLP's, of the experts' width) in place of the dense MLP's; those are the
+//! table's per-expert rows, placed by (layer, expert).
 
 use super::recipe::{Positions, QkScope, Recipe};
 
@@ -40,6 +44,9 @@ pub enum Tensor {
     DownBias,
     PostMlpNorm,
     PostMlpNormBias,
+    Router,
+    ExpertUp,
+    ExpertDown,
 }
 
 /// One row of the table.
@@ -49,6 +56,8 @@ pub struct Spec {
     /// The name across the FFI, in saved files and in `formats=` plans.
     pub name: &'static str,
     pub per_layer: bool,
+    /// One per expert of a sparse layer (placed by layer and expert).
+    pub per_expert: bool,
     pub matrix: bool,
     /// What it is, for people (error messages).
     pub about: &'static str,
@@ -65,14 +74,26 @@ const fn spec(
         tensor,
         name,
         per_layer,
+        per_expert: false,
         matrix,
+        about,
+    }
+}
+
+const fn expert_spec(tensor: Tensor, name: &'static str, about: &'static str) -> Spec {
+    Spec {
+        tensor,
+        name,
+        per_layer: true,
+        per_expert: true,
+        matrix: true,
         about,
     }
 }
 
 use Tensor::*;
 
-pub const TABLE: [Spec; 28] = [
+pub const TABLE: [Spec; 31] = [
     spec(Embed, "embed", false, true, "the token embedding"),
     spec(
         PosEmbed,
@@ -185,7 +206,29 @@ pub const TABLE: [Spec; 28] = [
         false,
         "the MLP output norm's bias",
     ),
+    spec(
+        Router,
+        "router",
+        true,
+        true,
+        "the mixture's router (one row per expert)",
+    ),
+    expert_spec(
+        ExpertUp,
+        "expert_up",
+        "an expert's first projection (gate and up stacked when gated)",
+    ),
+    expert_spec(ExpertDown, "expert_down", "an expert's down projection"),
 ];
+
+/// Where a stored tensor sits: its layer (0 for model-level) and expert (0 unless per expert).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub tensor: Tensor,
+    pub layer: usize,
+    pub expert: usize,
+    pub shape: [usize; 2],
+}
 
 impl Tensor {
     pub fn spec(self) -> &'static Spec {
@@ -196,8 +239,10 @@ impl Tensor {
         TABLE.iter().find(|s| s.name == name).map(|s| s.tensor)
     }
 
-    /// [rows, cols] of this tensor in a model of recipe `r`, or None when the model has none.
-    pub fn shape(self, r: &Recipe) -> Option<[usize; 2]> {
+    /// [rows, cols] of this tensor in layer `l` of a model of recipe `r` (any `l` for model-level
+    /// tensors), or None when it has none.
+    pub fn shape(self, r: &Recipe, l: usize) -> Option<[usize; 2]> {
+        let sparse = r.sparse(l);
         let (h, e) = (r.hidden, r.embed_dim);
         let vec = |present: bool, n: usize| present.then_some([1, n]);
         let norm_w = r.norm.weight;
@@ -247,26 +292,43 @@ impl Tensor {
             PostAttnNormBias | PostMlpNormBias => vec(r.has_post_norms() && norm_b, h),
             MlpNorm => vec(r.has_mlp_norm() && norm_w, h),
             MlpNormBias => vec(r.has_mlp_norm() && norm_b, h),
-            Up => Some([r.up_rows(), h]),
-            UpBias => vec(r.bias.up, r.up_rows()),
-            Down => Some([h, r.intermediate]),
-            DownBias => vec(r.bias.down, h),
+            Up => (!sparse).then_some([r.up_rows(), h]),
+            UpBias => vec(!sparse && r.bias.up, r.up_rows()),
+            Down => (!sparse).then_some([h, r.intermediate]),
+            DownBias => vec(!sparse && r.bias.down, h),
+            Router => sparse.then_some([r.experts(), h]),
+            ExpertUp => sparse.then_some([r.expert_up_rows(), h]),
+            ExpertDown => r.moe.filter(|_| sparse).map(|m| [h, m.intermediate]),
         }
     }
 }
 
-/// Every (tensor, layer) a model of recipe `r` holds, in table order, model-level first.
-pub fn present(r: &Recipe) -> Vec<(Tensor, usize, [usize; 2])> {
+/// Every tensor a model of recipe `r` holds, in table order, model-level first, then layer by layer
+/// (a sparse layer's experts after its other tensors, expert by expert).
+pub fn present(r: &Recipe) -> Vec<Place> {
     let mut out = Vec::new();
-    for s in TABLE.iter().filter(|s| !s.per_layer) {
-        if let Some(shape) = s.tensor.shape(r) {
-            out.push((s.tensor, 0, shape));
+    let mut add = |tensor: Tensor, layer: usize, expert: usize| {
+        if let Some(shape) = tensor.shape(r, layer) {
+            out.push(Place {
+                tensor,
+                layer,
+                expert,
+                shape,
+            });
         }
+    };
+    for s in TABLE.iter().filter(|s| !s.per_layer) {
+        add(s.tensor, 0, 0);
     }
     for l in 0..r.layers {
-        for s in TABLE.iter().filter(|s| s.per_layer) {
-            if let Some(shape) = s.tensor.shape(r) {
-                out.push((s.tensor, l, shape));
+        for s in TABLE.iter().filter(|s| s.per_layer && !s.per_expert) {
+            add(s.tensor, l, 0);
+        }
+        if r.sparse(l) {
+            for e in 0..r.experts() {
+                for s in TABLE.iter().filter(|s| s.per_expert) {
+                    add(s.tensor, l, e);
+                }
             }
         }
     }

@@ -154,6 +154,16 @@ impl Stored {
 pub struct Weights {
     model: Vec<Option<Stored>>,
     layers: Vec<Vec<Option<Stored>>>,
+    /// A sparse layer's experts: [layer][expert] -> (up, down).
+    experts: Vec<Vec<[Option<Mat>; 2]>>,
+}
+
+/// Index of a per-expert tensor in an expert's pair.
+fn expert_slot(t: Tensor) -> usize {
+    match t {
+        Tensor::ExpertUp => 0,
+        _ => 1,
+    }
 }
 
 impl Weights {
@@ -162,6 +172,7 @@ impl Weights {
         Weights {
             model: vec![None; n],
             layers: vec![vec![None; n]; layers],
+            experts: vec![Vec::new(); layers],
         }
     }
 
@@ -177,18 +188,60 @@ impl Weights {
         }
     }
 
-    /// Stores `s` as tensor `t` of `layer` (ignored for model-level tensors; in range for layer
-    /// tensors: the builder checks it).
-    pub fn put(&mut self, t: Tensor, layer: usize, s: Stored) {
-        if t.spec().per_layer {
+    /// Stores `s` as tensor `t` of `layer` and `expert` (each ignored where the tensor has none; in
+    /// range otherwise: the builder checks it; a per-expert tensor must be a matrix).
+    pub fn put(&mut self, t: Tensor, layer: usize, expert: usize, s: Stored) {
+        if t.spec().per_expert {
+            let list = &mut self.experts[layer];
+            if list.len() <= expert {
+                list.resize(expert + 1, [None, None]);
+            }
+            if let Stored::Mat(m) = s {
+                list[expert][expert_slot(t)] = Some(m);
+            }
+        } else if t.spec().per_layer {
             self.layers[layer][t as usize] = Some(s);
         } else {
             self.model[t as usize] = Some(s);
         }
     }
 
+    /// Tensor `t` of `layer` (not a per-expert tensor: see `get_at`).
     pub fn get(&self, t: Tensor, layer: usize) -> Option<&Stored> {
         self.slot(t, layer)
+    }
+
+    /// The shape of tensor `t` of `layer` and `expert` as stored, or None when it is not.
+    pub fn shape_at(&self, t: Tensor, layer: usize, expert: usize) -> Option<[usize; 2]> {
+        if t.spec().per_expert {
+            self.expert_mat(t, layer, expert)
+                .map(|m| [m.rows(), m.cols()])
+        } else {
+            self.slot(t, layer).map(Stored::shape)
+        }
+    }
+
+    /// A matrix anywhere in the table (per-expert ones included), when stored.
+    pub fn mat_at(&self, t: Tensor, layer: usize, expert: usize) -> Option<&Mat> {
+        if t.spec().per_expert {
+            self.expert_mat(t, layer, expert)
+        } else {
+            self.mat_opt(t, layer)
+        }
+    }
+
+    /// A per-expert matrix (`Tensor::ExpertUp` / `ExpertDown`) of `layer`'s `expert`, when stored.
+    pub fn expert_mat(&self, t: Tensor, layer: usize, expert: usize) -> Option<&Mat> {
+        self.experts.get(layer)?.get(expert)?[expert_slot(t)].as_ref()
+    }
+
+    /// Expert `e` of sparse layer `l`: (up, down), which the recipe guarantees.
+    pub fn expert(&self, l: usize, e: usize) -> (&Mat, &Mat) {
+        let pair = &self.experts[l][e];
+        match pair {
+            [Some(u), Some(d)] => (u, d),
+            _ => panic!("expert {e} of layer {l} is missing"),
+        }
     }
 
     /// Matrix `t` of `layer`, when present.
@@ -223,17 +276,35 @@ impl Weights {
     }
 
     /// Weight bytes read per decode step: every matrix multiplied once (the embedding and position
-    /// rows looked up are negligible unless the embedding is also the lm_head).
-    pub fn bytes_per_token(&self) -> usize {
+    /// rows looked up are negligible unless the embedding is also the lm_head); a sparse layer reads
+    /// its router and `top_k` of its experts (their mean size: experts may be stored differently).
+    pub fn bytes_per_token(&self, top_k: usize) -> usize {
         let mut n = self.lm_head().bytes();
         for t in [Tensor::ProjIn, Tensor::ProjOut] {
             n += self.mat_opt(t, 0).map_or(0, Mat::bytes);
         }
         for l in 0..self.layers.len() {
-            for t in [Tensor::Qkv, Tensor::O, Tensor::Up, Tensor::Down] {
+            for t in [
+                Tensor::Qkv,
+                Tensor::O,
+                Tensor::Up,
+                Tensor::Down,
+                Tensor::Router,
+            ] {
                 n += self.mat_opt(t, l).map_or(0, Mat::bytes);
             }
+            n += self.active_expert_bytes(l, top_k);
         }
         n
+    }
+
+    /// Bytes of `top_k` of layer `l`'s experts (their mean size times k; 0 for a dense layer).
+    pub fn active_expert_bytes(&self, l: usize, top_k: usize) -> usize {
+        let list = &self.experts[l];
+        if list.is_empty() {
+            return 0;
+        }
+        let all: usize = list.iter().flatten().flatten().map(Mat::bytes).sum();
+        all * top_k / list.len()
     }
 }
