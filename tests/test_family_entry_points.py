@@ -19,7 +19,7 @@ from typing import Any
 import openai
 import pytest
 import torch
-from family_cases import CASES
+from family_cases import CASES, LAYERS, decisive
 from gguf_files import GGUF_ARCH, write_gguf
 
 from kwker_torch import KwkDecoder, decode
@@ -31,6 +31,7 @@ TOL = 1e-5
 FAMILY_CASES = [
     "llama", "mistral-window", "qwen2-window-layers", "qwen3", "gemma2", "gemma3", "phi4-mini-longrope", "granite",
     "stablelm-parallel-qknorm", "starcoder2", "olmo-clip", "olmo2", "pythia", "phi2", "gpt2", "opt-350m-post-norm",
+    "mixtral", "qwen3-moe", "granite-moe", "olmoe-clip-normed",
 ]  # fmt: skip
 QUESTIONS = ["What is the capital of France?", "Write one sentence about the sea."]
 
@@ -41,7 +42,9 @@ def entry_model(case: str, seed: int = 0) -> torch.nn.Module:
     over = dict(over, vocab_size=49152, bos_token_id=1, eos_token_id=2)
     if "pad_token_id" in over:
         over["pad_token_id"] = 2
-    return random_model(base, torch.float32, num_hidden_layers=2, seed=seed, **over)
+    model = random_model(base, torch.float32, num_hidden_layers=LAYERS.get(case, 2), seed=seed, **over)
+    decisive(model)  # a mixture's routers as family_cases makes them
+    return model
 
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -68,6 +68,23 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
     }
 }
 
+/// Prefetches the weights a few blocks ahead of `blk` (measured on Granite 1B-A400M decode steps, whose
+/// experts are 0.3-0.6 MB matrices read once: every line of the Q4 block 8 ahead, +10-15 % tokens/s
+/// over one line 2 ahead; Q8's longer blocks stream well with one line 2 ahead, and prefetching
+/// every line cost 12 %). Prefetches past the matrix's end are harmless hints.
+#[inline(always)]
+unsafe fn prefetch(f: Format, blk: *const u8, bb: usize) {
+    match f {
+        Format::Q4 => {
+            let ahead = blk.wrapping_add(8 * bb);
+            for line in 0..bb.div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64).cast());
+            }
+        }
+        Format::Q8 => _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast()),
+    }
+}
+
 /// Four activation codes starting at `p`, broadcast to every lane.
 #[inline(always)]
 unsafe fn bx(p: *const i8) -> __m512i {
@@ -89,7 +106,7 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     let nib = _mm512_set1_epi8(0x0f);
     for b in 0..nb {
         let blk = base.add(b * bb);
-        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast());
+        prefetch(f, blk, bb);
         match f {
             Format::Q8 => {
                 let dv = _mm512_loadu_ps(blk.cast());
@@ -121,7 +138,10 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
             Format::Q4 => {
                 let dv = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
                 let mv = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
+                // Two i32 chains per row (low and high nibbles): the block's 8 dot products are
+                // then 4 deep, not 8; the sums are exact integers either way.
                 let mut acc = [_mm512_setzero_si512(); M];
+                let mut acc2 = [_mm512_setzero_si512(); M];
                 for g in 0..4 {
                     let wv = _mm512_loadu_si512(blk.add(64 + g * 64).cast());
                     let lo = _mm512_and_si512(wv, nib);
@@ -129,12 +149,13 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     for r in 0..M {
                         let xr = xq.add(r * k + b * QSUB + g * 8);
                         acc[r] = _mm512_dpbusd_epi32(acc[r], lo, bx(xr));
-                        acc[r] = _mm512_dpbusd_epi32(acc[r], hi, bx(xr.add(4)));
+                        acc2[r] = _mm512_dpbusd_epi32(acc2[r], hi, bx(xr.add(4)));
                     }
                 }
                 for r in 0..M {
                     let sx = _mm512_set1_ps(sxs[r * nsub + b]);
-                    let t = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(acc[r]), _mm512_mul_ps(mv, sx));
+                    let dot = _mm512_add_epi32(acc[r], acc2[r]);
+                    let t = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, sx));
                     y[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(dxs[r * nsub + b]), y[r]);
                 }
             }
