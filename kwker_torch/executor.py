@@ -38,7 +38,7 @@ class Plan:
     """A planned step: native programs and torch steps over one table of buffers."""
 
     def __init__(self, planner: Planner, gm: fx.GraphModule, args: Sequence[Any]) -> None:
-        arena = pack_arena(planner.slots, planner.desc, gm)
+        arena = pack_arena(planner.slots, planner.desc, gm, planner.temps)
         if arena > MAX_ARENA_BYTES:
             raise Unsupported(f"{arena >> 20} MB of intermediate buffers")
         self.slots = planner.slots

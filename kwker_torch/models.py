@@ -7,7 +7,8 @@
 - ``random_model(name)``: a random-initialised model with the exact shapes of a published config (every
   family KwkDecoder runs: SmolLM2, Qwen2.5, Qwen3, Llama 3.2, Mistral, Gemma 2 / 3, Phi-2 / 3 / 4-mini, Granite,
   StableLM, StarCoder2, OLMo / OLMo2, Pythia, GPT-2, OPT; the mixtures Granite 3.1 1B-A400M, Qwen3-30B-A3B,
-  Mixtral 8x7B, OLMoE 1B-7B; and, outside the recipe, BLOOM, GPT-J, CodeGen, MPT), optionally with fewer layers.
+  Mixtral 8x7B, OLMoE 1B-7B; and, outside the recipe, BLOOM-560m, CodeGen-350M-mono, GPT-J-6B), optionally with fewer
+  layers.
 """
 
 from __future__ import annotations
@@ -230,6 +231,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
         vocab_size=50304, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=50279, pad_token_id=1,
     ),
+    # Outside the recipe (the compile backend's path, decoder/generic.py).
+    "BLOOM-560m": dict(
+        model_type="bloom", hidden_size=1024, n_layer=24, n_head=16, vocab_size=250880, layer_norm_epsilon=1e-5,
+        apply_residual_connection_post_layernorm=False, bos_token_id=1, eos_token_id=2, pad_token_id=3,
+    ),
+    "CodeGen-350M-mono": dict(
+        model_type="codegen", n_embd=1024, n_layer=20, n_head=16, rotary_dim=32, n_positions=2048, n_ctx=2048,
+        vocab_size=51200, activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=50256,
+    ),
+    "GPT-J-6B": dict(
+        model_type="gptj", n_embd=4096, n_layer=28, n_head=16, rotary_dim=64, n_positions=2048, vocab_size=50400,
+        activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=False, bos_token_id=50256,
+        eos_token_id=50256,
+    ),
     "OPT-350m": dict(
         model_type="opt", hidden_size=1024, ffn_dim=4096, num_hidden_layers=24, num_attention_heads=16,
         vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=512, do_layer_norm_before=False,
@@ -335,7 +351,7 @@ def make_config(name: str, num_hidden_layers: int | None = None, **overrides: An
     kw = dict(CONFIGS[name], **overrides)
     model_type = kw.pop("model_type")
     if num_hidden_layers is not None:
-        kw["n_layer" if model_type == "gpt2" else "num_hidden_layers"] = num_hidden_layers
+        kw["n_layer" if model_type in ("gpt2", "bloom", "codegen", "gptj") else "num_hidden_layers"] = num_hidden_layers
     return AutoConfig.for_model(model_type, **kw)
 
 

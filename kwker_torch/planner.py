@@ -29,6 +29,9 @@ import torch
 import torch.fx as fx
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.int64: 2, torch.bool: 3}
+# Dtypes a buffer may hold for the torch steps between native programs (BLOOM's ALiBi powers are int32, say);
+# no native instruction reads or writes them (``Desc.words`` refuses, and the emitters check DTYPES first).
+HELD = {torch.int32, torch.int16, torch.int8, torch.uint8, torch.float16, torch.float64}
 EW_OPS = [
     "copy", "add", "sub", "mul", "div", "neg", "rsqrt", "sqrt", "silu", "cos", "sin", "exp", "pow",
     "sigmoid", "tanh", "relu", "gelu_tanh", "square",
@@ -49,7 +52,7 @@ _OPERATORS: dict[Any, str] = {
 }  # fmt: skip
 _TORCH_NAMES = (
     "add sub mul div neg rsqrt sqrt cos sin exp sigmoid tanh relu silu gelu pow cat mean sum linear "
-    "embedding index_copy split chunk"
+    "embedding index_copy split chunk layer_norm stack repeat_interleave"
 ).split()
 
 
@@ -95,6 +98,8 @@ class Desc:
     stride: tuple[int, ...]
 
     def words(self) -> list[int]:
+        if self.dtype not in DTYPES:
+            raise Unsupported(f"a native instruction on a {self.dtype} tensor")
         return [self.slot, self.offset, DTYPES[self.dtype], len(self.shape), *self.shape, *self.stride]
 
     def end(self) -> int:
@@ -197,6 +202,7 @@ class Planner(fx.Interpreter):
         self.steps: list[list[int] | TorchStep] = []
         self.py_steps: list[PyStep] = []
         self.gqa: dict[fx.Node, Desc] = {}  # reshape(expand(cache)) nodes attention reads directly
+        self.temps: list[tuple[fx.Node, int]] = []  # scratch slots alive only while one node runs
         self.torch_ops: list[str] = []
         self.masked_attention = 0  # attention instructions that apply a mask (padded batches, static caches)
         self.placeholder_index = 0
@@ -208,7 +214,7 @@ class Planner(fx.Interpreter):
         return len(self.slots) - 1
 
     def root_desc(self, t: torch.Tensor, kind: str, arg: int = -1) -> Desc:
-        if t.dtype not in DTYPES or t.device.type != "cpu":
+        if (t.dtype not in DTYPES and t.dtype not in HELD) or t.device.type != "cpu":
             raise Unsupported(f"a {kind} tensor of dtype {t.dtype} on {t.device}")
         es = t.element_size()
         shape, stride = tuple(t.shape), tuple(t.stride())
@@ -223,7 +229,7 @@ class Planner(fx.Interpreter):
         return Desc(slot, offset, t.dtype, shape, stride)
 
     def alias_desc(self, r: torch.Tensor, base: Desc) -> Desc:
-        if r.dtype not in DTYPES:
+        if r.dtype not in DTYPES and r.dtype not in HELD:
             raise Unsupported(f"a view of dtype {r.dtype}")
         slot = self.slots[base.slot]
         offset = r.storage_offset() * r.element_size() - slot.base
@@ -441,6 +447,12 @@ class Planner(fx.Interpreter):
             return self.plan_linear(n, r)
         if name == "sdpa":
             return self.plan_sdpa(n, args, kwargs, r)
+        if name == "layer_norm":
+            return self.plan_layer_norm(n, args, kwargs, r)
+        if name == "stack":
+            return self.plan_stack(n, args, kwargs, r)
+        if name == "repeat_interleave":
+            return self.plan_repeat_interleave(n, args, kwargs, r)
         if name == "embedding":
             return self.plan_embedding(n, args, r)
         return False
@@ -497,6 +509,49 @@ class Planner(fx.Interpreter):
         self.desc[n] = out
         return True
 
+    def plan_stack(self, n: fx.Node, args: tuple, kwargs: dict, r: torch.Tensor) -> bool:
+        """``torch.stack(parts, dim)``: each part copied into its index of the new dim (GPT-J's rotary)."""
+        parts = n.args[0] if n.args else kwargs.get("tensors")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if set(kwargs) - {"tensors", "dim"} or not isinstance(parts, (list, tuple)) or not isinstance(dim, int):
+            return False
+        descs = [self.desc.get(p) if isinstance(p, fx.Node) else None for p in parts]
+        if r.dtype not in (torch.float32, torch.bfloat16, torch.int64):
+            return False
+        if not all(isinstance(d, Desc) and len(d.shape) == r.dim() - 1 for d in descs):
+            return False
+        dim = dim % r.dim()
+        out = self.fresh(r)
+        shape = out.shape[:dim] + out.shape[dim + 1 :]
+        stride = out.stride[:dim] + out.stride[dim + 1 :]
+        for i, d in enumerate(descs):
+            at = out.narrow(dim, i, 1).with_layout(shape, stride)
+            if not self.emit_ew("copy", at, [d]):  # type: ignore[list-item]
+                raise Unsupported(f"{n.format_node()}: stack could not be planned")
+        self.desc[n] = out
+        return True
+
+    def plan_repeat_interleave(self, n: fx.Node, args: tuple, kwargs: dict, r: torch.Tensor) -> bool:
+        """``torch.repeat_interleave(x, k, dim)`` with an int ``k``: one broadcasting copy (GPT-J's sin/cos)."""
+        x = self.desc.get(n.args[0]) if n.args and isinstance(n.args[0], fx.Node) else None
+        reps = args[1] if len(args) > 1 else kwargs.get("repeats")
+        dim = args[2] if len(args) > 2 else kwargs.get("dim")
+        if set(kwargs) - {"repeats", "dim"} or not isinstance(x, Desc) or not isinstance(reps, int):
+            return False
+        if not isinstance(dim, int) or r.dtype not in (torch.float32, torch.bfloat16, torch.int64):
+            return False
+        dim = dim % len(x.shape)
+        out = self.fresh(r)
+        # out viewed as [..., x.shape[dim], reps, ...]; x broadcast over the reps axis.
+        shape = (*x.shape[: dim + 1], reps, *x.shape[dim + 1 :])
+        stride = (*out.stride[:dim], out.stride[dim] * reps, out.stride[dim], *out.stride[dim + 1 :])
+        src = x.with_layout((*x.shape[: dim + 1], 1, *x.shape[dim + 1 :]),
+                            (*x.stride[: dim + 1], 0, *x.stride[dim + 1 :]))  # fmt: skip
+        if not self.emit_ew("copy", out.with_layout(shape, stride), [src]):
+            raise Unsupported(f"{n.format_node()}: repeat_interleave could not be planned")
+        self.desc[n] = out
+        return True
+
     def plan_reduce(self, n: fx.Node, name: str, x: Desc, args: tuple, kwargs: dict, r: torch.Tensor) -> bool:
         dims = args[1] if len(args) > 1 else kwargs.get("dim")
         keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
@@ -514,6 +569,55 @@ class Planner(fx.Interpreter):
             o_shape, o_stride = list(out.shape), list(out.stride)
         inp = x.with_layout([x.shape[d] for d in kept + red], [x.stride[d] for d in kept + red])
         self.emit([2, int(name == "mean"), *out.with_layout(o_shape, o_stride).words(), *inp.words()])
+        self.desc[n] = out
+        return True
+
+    def temp(self, n: fx.Node, shape: tuple[int, ...]) -> Desc:
+        """A float32 scratch buffer of ``shape`` that lives only while node ``n`` runs."""
+        d = self.fresh(torch.empty(shape, dtype=torch.float32))
+        self.temps.append((n, d.slot))
+        return d
+
+    def plan_layer_norm(self, n: fx.Node, args: tuple, kwargs: dict, r: torch.Tensor) -> bool:
+        """``F.layer_norm`` over the last dim as native instructions, all in float32 and rounded once to the
+        output dtype (as torch's CPU kernel computes a bf16 input): mean; d = x - mean; var = mean(d * d);
+        y = d * rsqrt(var + eps) (* weight) (+ bias). Two passes, as torch's; its summation order differs
+        (~1e-7 relative)."""
+        names = ("input", "normalized_shape", "weight", "bias", "eps")
+        node_of = {k: (n.args[i] if i < len(n.args) else n.kwargs.get(k)) for i, k in enumerate(names)}
+        value = {k: (args[i] if i < len(args) else kwargs.get(k)) for i, k in enumerate(names)}
+        x = self.desc.get(node_of["input"]) if isinstance(node_of["input"], fx.Node) else None
+        floats = (torch.float32, torch.bfloat16)
+        shape = value["normalized_shape"]
+        if set(kwargs) - set(names) or not isinstance(x, Desc) or x.dtype not in floats or r.dtype not in floats:
+            return False
+        if not isinstance(shape, (list, tuple)) or len(shape) != 1 or tuple(shape) != x.shape[-1:]:
+            return False
+        params = []
+        for k in ("weight", "bias"):
+            d = self.desc.get(node_of[k]) if isinstance(node_of[k], fx.Node) else None
+            if node_of[k] is not None and not (isinstance(d, Desc) and d.shape == x.shape[-1:] and d.dtype in floats):
+                return False
+            params.append(d)
+        eps = float(value["eps"]) if value["eps"] is not None else 1e-5
+        stat = (*x.shape[:-1], 1)
+        flat = list(x.shape[:-1])
+        mean, var, rstd = self.temp(n, stat), self.temp(n, stat), self.temp(n, stat)
+        d, t = self.temp(n, x.shape), self.temp(n, x.shape)
+        self.emit([2, 1, *mean.with_layout(flat, list(mean.stride[:-1])).words(), *x.words()])
+        ok = self.emit_ew("sub", d, [x, mean]) and self.emit_ew("square", t, [d])
+        self.emit([2, 1, *var.with_layout(flat, list(var.stride[:-1])).words(), *t.words()])
+        ok = ok and self.emit_ew("add", rstd, [var, eps]) and self.emit_ew("rsqrt", rstd, [rstd])
+        out = self.fresh(r)
+        w, b = params
+        steps: list[tuple[str, Desc]] = [("mul", rstd)] + ([("mul", w)] if w else []) + ([("add", b)] if b else [])
+        src: Desc = d
+        for i, (op, operand) in enumerate(steps):
+            dst = out if i == len(steps) - 1 else t
+            ok = ok and self.emit_ew(op, dst, [src, operand])
+            src = dst
+        if not ok:  # every dtype here is native: an emitter refusing would be a planner bug
+            raise Unsupported(f"{n.format_node()}: layer_norm could not be planned")
         self.desc[n] = out
         return True
 
@@ -658,10 +762,12 @@ def _callable(n: fx.Node) -> Callable[..., Any]:
     return n.target  # type: ignore[return-value]
 
 
-def pack_arena(slots: list[Slot], desc: dict[fx.Node, Any], gm: fx.GraphModule) -> int:
+def pack_arena(slots: list[Slot], desc: dict[fx.Node, Any], gm: fx.GraphModule,
+               temps: Sequence[tuple[fx.Node, int]] = ()) -> int:  # fmt: skip
     """Places every intermediate buffer in one arena, reusing the bytes of buffers no later node reads
     (liveness over graph order: a buffer lives from the node that creates it to the last user of any
-    value stored in it, views and in-place results included; graph outputs live to the end). A node's
+    value stored in it, views and in-place results included; graph outputs live to the end; ``temps``, a
+    node's scratch, only while that node runs). A node's
     output never shares bytes with its inputs: it is placed before the inputs that die at it are freed.
     Sets each arena slot's ``at``; returns the arena's size in bytes."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -675,6 +781,8 @@ def pack_arena(slots: list[Slot], desc: dict[fx.Node, Any], gm: fx.GraphModule) 
             first[e.slot] = min(first.get(e.slot, end), order[n])
             uses = [end if u.op == "output" else order[u] for u in n.users]
             last[e.slot] = max([last.get(e.slot, order[n]), order[n], *uses])
+    for n, sl in temps:  # scratch of one node (``Planner.temp``)
+        first[sl] = last[sl] = order[n]
     for i, sl in enumerate(slots):  # a buffer no value refers to keeps its bytes for the whole step
         if sl.kind == "arena" and i not in first:
             first[i], last[i] = 0, end

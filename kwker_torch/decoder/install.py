@@ -436,12 +436,58 @@ def install(
     (least recently used reused first). Installing again rebuilds the decoder. Returns the model."""
     if getattr(model, ATTR, None) is not None:
         uninstall(model)
+    from . import generic
+
+    if not families.maps(model) and generic.is_causal_lm(model):
+        return _install_compiled(model, precision, max_batch, max_context, build_kw)
     inst = _Installed(model, precision, max_batch, max_context, build_kw, prompt_cache)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         return _forward(model, inst, *args, **kwargs)
 
     forward.__doc__ = "kwker decode.install(): this model's forward runs on KwkDecoder."
+    forward.__wrapped__ = inst.original  # type: ignore[attr-defined]  # generate() inspects the signature
+    setattr(model, ATTR, inst)
+    model.forward = forward  # type: ignore[method-assign]
+    return model
+
+
+class _CompiledInstall:
+    """What install() keeps on a model outside the recipe: its CompiledDecoder and the generation settings it
+    changed (restored by uninstall)."""
+
+    def __init__(self, decoder: Any, original: Any, restore: dict[str, Any]) -> None:
+        self.decoder, self.original, self.restore = decoder, original, restore
+        self.lock = threading.RLock()
+        self.sequences = self.cached_tokens = 0
+
+
+def _install_compiled(model: torch.nn.Module, precision: str, max_batch: int, max_context: int | None,
+                      build_kw: dict) -> torch.nn.Module:  # fmt: skip
+    """decode.install() of a causal LM no family maps: the compile backend's path (``generic.py``)."""
+    from . import generic
+
+    if precision != "preserve" or build_kw:
+        raise generic.refuse(model, f"precision={precision!r} (or calib=, formats=)")
+    if not generic.compilable(model):
+        _log_once(f"{generic.describe(model)} is outside the recipe and transformers cannot run it on a static cache; "
+                  "it keeps its own forward (kwker_torch.torch_ops.install() routes its linears to kwker)")  # fmt: skip
+        return model
+    dec = generic.CompiledDecoder(model, max_batch, max_context)
+    gc = model.generation_config
+    restore = {"cache_implementation": gc.cache_implementation, "max_cache_len": getattr(gc, "max_cache_len", None)}
+    gc.cache_implementation = "static"  # the executor writes K/V into Hugging Face's static cache in place
+    if max_context:
+        gc.max_cache_len = max_context
+    inst = _CompiledInstall(dec, model.forward, restore)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()):
+            _log_once("a forward that needs gradients runs on the model's own forward")
+            return inst.original(*args, **kwargs)
+        return dec.forward(*args, **kwargs)
+
+    forward.__doc__ = "kwker decode.install(): this model's forward runs on the compile backend's native executor."
     forward.__wrapped__ = inst.original  # type: ignore[attr-defined]  # generate() inspects the signature
     setattr(model, ATTR, inst)
     model.forward = forward  # type: ignore[method-assign]
@@ -455,6 +501,9 @@ def uninstall(model: torch.nn.Module) -> torch.nn.Module:
         return model
     if model.__dict__.get("forward") is not None:
         del model.forward
+    if isinstance(inst, _CompiledInstall):
+        for k, v in inst.restore.items():
+            setattr(model.generation_config, k, v)
     setattr(model, ATTR, None)
     return model
 

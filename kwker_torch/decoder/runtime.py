@@ -98,16 +98,23 @@ class KwkDecoder:
         calib: str | Sequence[int] | torch.Tensor | None = None,
         tokenizer: Any | None = None,
         formats: dict[str, str] | None = None,
-    ) -> KwkDecoder:
+    ) -> Any:
         """Builds a decoder from a loaded Hugging Face causal LM of any family ``families.supported()`` lists
         (its weights are copied; the model is not changed). ``max_context`` defaults to the model's
         ``max_position_embeddings``, capped at 4096.
 
         ``precision``: "preserve" (the model's own weights), "balanced"/"int8" or "int4" (see ``plan.py``).
         ``calib``: a text (with ``tokenizer``) or token ids whose activations weight the quantization error
-        (4- and 8-bit formats). ``formats``: per-matrix overrides of the plan."""
-        from . import build
+        (4- and 8-bit formats). ``formats``: per-matrix overrides of the plan.
 
+        Any other causal LM gets a ``generic.CompiledDecoder`` (the compile backend's path: ``generate()`` with
+        these arguments, precision "preserve" only), logged once."""
+        from . import build, families, generic
+
+        if not families.maps(model) and generic.is_causal_lm(model):
+            if precision != "preserve" or calib is not None or formats is not None:
+                raise generic.refuse(model, f"precision={precision!r} (or calib=, formats=)")
+            return generic.CompiledDecoder(model, max_batch, max_context)
         return build.from_hf(cls, model, precision, max_batch, max_context, calib=calib, tokenizer=tokenizer,
                              formats=formats)  # fmt: skip
 

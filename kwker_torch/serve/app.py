@@ -53,9 +53,13 @@ def build_engine(opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
 def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
     """A started engine over a KwkDecoder of ``model`` with ``opts.slots`` slots (the model is not kept)."""
     from .. import _native
-    from ..decoder import KwkDecoder, eos_ids
+    from ..decoder import KwkDecoder, eos_ids, families, generic
 
     opts.check()
+    if not families.maps(model):
+        if generic.is_causal_lm(model):  # the compile backend's path has no slots to batch requests in
+            raise generic.refuse(model, "the server (its continuous batching runs on KwkDecoder.step)")
+        families.family_of(model)  # names what it is not
     if opts.threads:
         _native.set_num_threads(opts.threads)
     dec = KwkDecoder.from_hf(model, opts.precision, max_batch=opts.slots, max_context=opts.max_context)

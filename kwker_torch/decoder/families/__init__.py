@@ -28,6 +28,12 @@ def supported() -> str:
     return ", ".join(f"{fam.name} ({'/'.join(fam.model_types)})" for fam in FAMILIES)
 
 
+def maps(model: torch.nn.Module) -> bool:
+    """Whether a family maps ``model`` (else ``family_of`` refuses it and the compile backend's path runs it)."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    return isinstance(kind, str) and kind in BY_TYPE and hasattr(model, "lm_head")
+
+
 def family_of(model: torch.nn.Module) -> Family:
     cfg = getattr(model, "config", None)
     kind = getattr(cfg, "model_type", None)
@@ -59,4 +65,4 @@ def read(model: torch.nn.Module) -> tuple[Family, dict[str, Any]]:
     return fam, recipe
 
 
-__all__ = ["BY_TYPE", "FAMILIES", "Family", "Source", "family_of", "read", "supported"]
+__all__ = ["BY_TYPE", "FAMILIES", "Family", "Source", "family_of", "maps", "read", "supported"]
