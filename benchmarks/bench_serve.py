@@ -22,7 +22,9 @@ Servers are started as subprocesses on 127.0.0.1 (one per precision, all loaded 
 measured); clients are asyncio + httpx in this process. The model is the real SmolLM2-135M-Instruct.
 
 Run: ``python benchmarks/bench_serve.py [--rounds 3] [--sections throughput ttft load]``. Results go to
-``benchmarks/results/serve.json``; tables are printed as they are measured.
+``benchmarks/results/serve.json``; tables are printed as they are measured. ``--model FOLDER --peer-prefix PREFIX
+--out NAME`` runs the throughput section on another model (e.g. the Granite 3.1 1B-A400M folder and llama.cpp files
+``bench_moe.py`` leaves under the peer cache).
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited ({self.proc.returncode}); see {self.log.name}")
             try:
-                if httpx.get(self.url + "/health", timeout=1).json().get("status") == "ok":
+                health = httpx.get(self.url + "/health", timeout=1).json()
+                if health.get("status") == "ok":
+                    global MODEL
+                    MODEL = health.get("model", MODEL)  # the name requests must carry
                     return
             except (httpx.HTTPError, ValueError):
                 pass
@@ -119,16 +124,16 @@ async def one_at_a_time(url: str, prompts: list[list[int]], new: int) -> float:
         return sum(made) / (time.perf_counter() - t0)
 
 
-def bench_throughput(servers: dict[str, Server], tok, rounds: int, report: dict) -> None:
+def bench_throughput(servers: dict[str, Server], tok, rounds: int, report: dict, peer_prefix: str | None) -> None:
     from kwker_torch.peer.build import cache_root
     from kwker_torch.peer.llama_cpp import LlamaCppWorker
 
+    prefix = peer_prefix or os.path.join(cache_root(), "gguf", "bench-SmolLM2-135M-real")
     peers = {}
     for prec, fmt in PEER_FORMAT.items():
         if prec in servers:
             w = LlamaCppWorker("native", threads=2)
-            w.load(os.path.join(cache_root(), "gguf", f"bench-SmolLM2-135M-real.{fmt}.gguf"), n_ctx=8 * 128 + 256,
-                   n_batch=512, n_seq_max=8)  # fmt: skip
+            w.load(f"{prefix}.{fmt}.gguf", n_ctx=8 * 128 + 256, n_batch=512, n_seq_max=8)
             peers[prec] = w
     res: dict[str, dict[str, list[float]]] = {p: {"batched": [], "single": [], "llama": []} for p in servers}
     try:
@@ -354,6 +359,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--model", default=None,
+                    help="a Hugging Face model folder to serve instead of the real SmolLM2 (throughput and steps "
+                         "sections; e.g. the Granite 1B-A400M folder bench_moe.py saves under the peer cache)")
+    ap.add_argument("--peer-prefix", default=None,
+                    help="llama.cpp's files of that model: PREFIX.{BF16,Q8_0,Q4_0}.gguf")
+    ap.add_argument("--out", default="serve",
+                    help="results/OUT.json (sections already there and not run are kept)")  # fmt: skip
     args = ap.parse_args()
     from kwker_torch.models import load_smollm2
 
@@ -363,9 +375,11 @@ def main() -> None:
     report: dict = {"machine": machine(), "flags": cpu_flags(), "triad_gbs": triad, "command": " ".join(sys.argv)}
     tok = load_smollm2()[1]
     if "throughput" in args.sections:
-        servers = {p: Server(p) for p in args.precisions}
+        extra = ["--model", args.model] if args.model else []
+        servers = {p: Server(p, extra=extra) for p in args.precisions}
+        report["model"] = args.model or MODEL
         try:
-            bench_throughput(servers, tok, args.rounds, report)
+            bench_throughput(servers, tok, args.rounds, report, args.peer_prefix)
         finally:
             for s in servers.values():
                 s.close()
@@ -390,11 +404,11 @@ def main() -> None:
     for name in SECTIONS:  # each section notes the run it came from; sections not run now are kept
         if name in report:
             report[name].update(command=report["command"], triad_gbs=[triad, report["triad_end_gbs"]])
-    path = Path(__file__).parent / "results" / "serve.json"
+    path = Path(__file__).parent / "results" / f"{args.out}.json"
     if path.exists():
         old = json.loads(path.read_text())
         report.update({k: old[k] for k in SECTIONS if k not in report and k in old})
-    print(save("serve", report))
+    print(save(args.out, report))
 
 
 if __name__ == "__main__":

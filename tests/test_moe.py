@@ -165,3 +165,18 @@ def test_bytes_per_token_and_bits_count_the_active_experts(precision: str) -> No
     bits = sum(BITS[t["format"]] * t["rows"] * t["cols"] * (k / experts if t["name"].startswith("expert_") else 1)
                for t in desc["tensors"] if t["format"] != "vector")  # fmt: skip
     assert dec.info["bits_per_weight"] == pytest.approx(bits / active, rel=1e-12)
+
+
+def test_bad_mixture_configs_are_refused_by_name() -> None:
+    model = tiny("mixtral")
+    model.config.num_experts_per_tok = 9
+    with pytest.raises(ValueError, match=r"Mixtral with num_experts_per_tok=9: expected 1 ..= num_experts \(8\)"):
+        KwkDecoder.from_hf(model)
+    model = tiny("qwen3-moe")
+    model.config.decoder_sparse_step = 0
+    with pytest.raises(ValueError, match="Qwen3-MoE with decoder_sparse_step=0: expected a positive step"):
+        KwkDecoder.from_hf(model)
+    # Training-only router settings do not change the forward: accepted.
+    model = tiny("mixtral")
+    model.config.router_jitter_noise, model.config.output_router_logits = 0.1, True
+    assert KwkDecoder.from_hf(model, max_context=32).family == "Mixtral"
