@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kwker_torch import KwkDecoder, decode
+from kwker_torch.decoder import generic, install
 from kwker_torch.decoder.generic import CompiledDecoder
 
 VOCAB = 1024
@@ -53,7 +54,11 @@ def _fresh_dynamo() -> Any:
 
 
 @pytest.mark.parametrize("kind", list(CONFIGS))
-def test_from_hf_generates_hf_float32_tokens_on_the_native_executor(kind: str, caplog: Any) -> None:
+def test_from_hf_generates_hf_float32_tokens_on_the_native_executor(
+    kind: str, caplog: Any, monkeypatch: Any
+) -> None:
+    # The path is logged once per process: forget what earlier tests (test_decoder's BLOOM) logged.
+    monkeypatch.setattr(generic, "_logged", set())
     model = tiny(kind)
     ids = prompt()
     want = eager_greedy(model, ids, 12)
@@ -165,7 +170,8 @@ def test_what_needs_the_recipe_is_refused_naming_the_architecture(tmp_path: Any)
         engine_for(model, None, ServeOptions(slots=2, max_context=64, queue=2))
 
 
-def test_a_model_without_a_static_cache_keeps_its_own_forward(caplog: Any) -> None:
+def test_a_model_without_a_static_cache_keeps_its_own_forward(caplog: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(install, "_logged", set())  # logged once per process
     model = tiny("mpt", d_model=128, n_layers=2, n_heads=4, vocab_size=VOCAB, max_seq_len=128)
     ids = prompt()
     want = eager_greedy(model, ids, 6)
