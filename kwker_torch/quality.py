@@ -460,10 +460,11 @@ class DecoderUnavailable(QualityError):
 
 
 def kwker_logits_fn(
-    model: Any, precision: str, ctx: int, calib: torch.Tensor | None = None, info: dict | None = None
+    model: Any, precision: str, ctx: int, calib: torch.Tensor | None = None, info: dict | None = None,
+    formats: dict[str, str] | None = None,
 ) -> LogitsFn:
-    """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx, calib=...).score`` as a
-    logits fn; the decoder's ``info`` (bits per weight, bytes) is copied into ``info``.
+    """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx, calib=..., formats=...).score``
+    as a logits fn; the decoder's ``info`` (bits per weight, bytes) is copied into ``info``.
 
     Raises DecoderUnavailable if the decoder is not in this build, QualityError if it refuses the
     precision (its own message included)."""
@@ -472,7 +473,8 @@ def kwker_logits_fn(
     except ImportError as exc:
         raise DecoderUnavailable(f"kwker_torch.KwkDecoder is not available in this build ({exc})") from exc
     try:
-        dec = KwkDecoder.from_hf(model, precision=precision, max_batch=1, max_context=ctx, calib=calib)
+        extra = {"formats": formats} if formats else {}  # formats= only when asked (stand-ins in tests)
+        dec = KwkDecoder.from_hf(model, precision=precision, max_batch=1, max_context=ctx, calib=calib, **extra)
     except (NotImplementedError, ValueError) as exc:
         raise QualityError(f"the kwker decoder cannot run --precision {precision}: {exc}") from exc
     if info is not None:
@@ -577,6 +579,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     ap.add_argument(
+        "--formats",
+        nargs="+",
+        default=None,
+        metavar="KIND=FORMAT",
+        help="override the plan of every kwker contender per matrix, as KwkDecoder's formats= "
+        "(e.g. down=q6k lm_head=q8 qkv.0=q8)",
+    )
+    ap.add_argument(
         "--text",
         nargs="+",
         default=None,
@@ -624,6 +634,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise QualityError(f"--calib file {args.calib!r} not found; pass an existing text file")
         calib_text, _ = read_texts([args.calib])
         calib_ids = tokenize(tok, calib_text)[0][: args.calib_tokens]
+    formats_arg: dict[str, str] | None = None
+    if args.formats:
+        bad = [f for f in args.formats if f.count("=") != 1]
+        if bad:
+            raise QualityError(f"--formats takes KIND=FORMAT pairs (e.g. down=q6k); got {bad}")
+        formats_arg = dict(f.split("=") for f in args.formats)
     runs = [(p, None) for p in precisions]
     runs += [(p, calib_ids) for p in precisions if calib_ids is not None and p != "preserve"]
     contenders: dict[str, LogitsFn] = {}
@@ -634,10 +650,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         for precision, calib in runs:
             name = f"kwker {precision}" + ("+calib" if calib is not None else "")
+            if formats_arg:
+                name += " [" + ",".join(args.formats) + "]"
             t0 = time.perf_counter()
             info: dict[str, Any] = {}
             try:
-                contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info)
+                contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg)
                 formats[name] = precision
                 bits[name] = info.get("bits_per_weight", float("nan"))
                 setup[name] = time.perf_counter() - t0

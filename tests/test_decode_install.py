@@ -251,7 +251,7 @@ def test_kwker_alias_runs_the_documented_snippet() -> None:
     ids = torch.randint(3, 1000, (1, 6), generator=torch.Generator().manual_seed(5))
     want = generate_greedy(model, ids, 8)
     install(model, precision="int4")
-    assert decode.decoder_of(model).info["q4_matrices"] > 0
+    assert decode.decoder_of(model).info["q4k_matrices"] > 0
     with torch.no_grad():
         quantized = model.generate(ids, max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids))
     assert quantized.shape == want.shape

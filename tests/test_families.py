@@ -95,13 +95,13 @@ def test_int8_and_int4_run_near_the_float32_logits(case: str) -> None:
     ids = prompt()
     with torch.no_grad():
         ref = copy.deepcopy(model).float()(ids[None]).logits[0]
-    for precision, fmt in (("int8", "q8"), ("int4", "q4")):
+    for precision, fmt in (("int8", "q8"), ("int4", "q4k")):
         dec = KwkDecoder.from_hf(model, precision, max_context=64)
         sparse = sum(s["sparse"] for s in dec.describe()["recipe"]["layer_specs"])
         # Every matrix quantized but a mixture's routers, which stay as stored (plan.KEEP).
         assert dec.info[f"{fmt}_matrices"] > 0 and dec.info["bf16_matrices"] == sparse
         if precision == "int4":
-            assert "8 bits" in dec.info["plan"] and dec.info["formats"]["embed.0"] == "q8"
+            assert "q6k" in dec.info["plan"] and dec.info["formats"]["embed.0"] == "q6k"
         got = dec.score(ids)
         assert torch.isfinite(got).all()
         assert rel(got, ref) <= LOOSE[precision], (precision, rel(got, ref))

@@ -23,7 +23,7 @@ from family_cases import CASES, routers, tiny
 
 from kwker_torch import KwkDecoder
 from kwker_torch.decoder import families, plan
-from kwker_torch.decoder.build import BITS
+from kwker_torch.decoder.plan import row_bits
 
 MOE_CASES = [c for c, (base, _) in CASES.items() if base in
              ("Mixtral-8x7B", "Qwen3-30B-A3B", "Granite-3.1-1B-A400M", "OLMoE-1B-7B")]  # fmt: skip
@@ -162,7 +162,8 @@ def test_bytes_per_token_and_bits_count_the_active_experts(precision: str) -> No
     assert dec.info["total_weights"] == numel
     assert dec.info["active_weights"] == round(active)
     assert dec.info["total_weights"] > dec.info["active_weights"]
-    bits = sum(BITS[t["format"]] * t["rows"] * t["cols"] * (k / experts if t["name"].startswith("expert_") else 1)
+    bits = sum(row_bits(t["format"], t["cols"]) * t["rows"] * t["cols"]
+               * (k / experts if t["name"].startswith("expert_") else 1)
                for t in desc["tensors"] if t["format"] != "vector")  # fmt: skip
     assert dec.info["bits_per_weight"] == pytest.approx(bits / active, rel=1e-12)
 

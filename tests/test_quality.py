@@ -279,9 +279,9 @@ class StandInDecoder:
 
     @classmethod
     def from_hf(
-        cls, model: Any, *, precision: str, max_batch: int, max_context: int, calib: Any = None
+        cls, model: Any, *, precision: str, max_batch: int, max_context: int, calib: Any = None, **formats: Any
     ) -> StandInDecoder:
-        cls.calls.append(dict(precision=precision, max_batch=max_batch, max_context=max_context))
+        cls.calls.append(dict(precision=precision, max_batch=max_batch, max_context=max_context, **formats))
         if precision in ("balanced", "int8", "int4"):
             raise NotImplementedError(f"kwker: precision {precision!r} is not supported by this stand-in")
         dec = cls(model)
@@ -306,6 +306,22 @@ def test_kwker_contender_plumbing(
     assert kw["name"] == "kwker preserve" and kw["format"] == "preserve"
     assert kw["perplexity"] == pytest.approx(ref["perplexity"], rel=1e-6)
     assert kw["kl"] < 1e-9 and kw["top1"] == 1.0
+
+
+def test_formats_reach_every_kwker_contender(
+    tiny: Any, text_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(kwker_torch, "KwkDecoder", StandInDecoder, raising=False)
+    StandInDecoder.calls.clear()
+    _use_model(monkeypatch, tiny, ByteTok())
+    args = ["--json", "--text", str(text_file), "--ctx", "64", "--chunks", "1", "--formats", "down=q6k", "embed=q8"]
+    rc, out, err = _run(args, capsys)
+    assert rc == 0, err
+    want = dict(precision="preserve", max_batch=1, max_context=64, formats={"down": "q6k", "embed": "q8"})
+    assert StandInDecoder.calls == [want]
+    assert json.loads(out)["contenders"][1]["name"] == "kwker preserve [down=q6k,embed=q8]"
+    rc, out, err = _run(args[:-2] + ["down"], capsys)
+    assert rc == 2 and "--formats takes KIND=FORMAT pairs (e.g. down=q6k); got ['down']" in err
 
 
 @pytest.mark.parametrize("precision", ["int4", "balanced"])

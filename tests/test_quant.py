@@ -15,7 +15,7 @@ import torch
 from test_decoder import FAMILIES, family_model, hf_logits, rel
 
 from kwker_torch import KwkDecoder, decode
-from kwker_torch.decoder import DecoderError
+from kwker_torch.decoder import DecoderError, plan
 from kwker_torch.models import chat_ids, generate_greedy, random_model
 
 BOUND = {"int8": (0.07, 2e-3), "int4": (0.4, 6e-2)}  # (max relative logit error, mean KL)
@@ -50,9 +50,11 @@ def test_quantized_logits_stay_near_hf_float32(name: str, precision: str) -> Non
     if precision == "int8":
         assert info["q8_matrices"] == info["bf16_matrices"] + info["f32_matrices"] + info["q8_matrices"]
         assert info["bits_per_weight"] == 8.5
-    else:  # layer matrices q4 but the first and last layers' qkv and down; embedding/lm_head q8
-        assert info["q4_matrices"] == 4 * layers - 4 and info["bf16_matrices"] + info["f32_matrices"] == 0
-        assert 5.0 < info["bits_per_weight"] < 8.5
+    else:  # layer matrices q4k but the first and last layers' qkv and down; those and embedding/lm_head q6k
+        embeds = 1 if model.config.tie_word_embeddings else 2
+        assert info["q4k_matrices"] == 4 * layers - 4 and info["q6k_matrices"] == 4 + embeds
+        assert info["bf16_matrices"] + info["f32_matrices"] + info["q8_matrices"] + info["q4_matrices"] == 0
+        assert 4.5 < info["bits_per_weight"] < 6.5
     preserve = KwkDecoder.from_hf(model, max_context=64).info["weight_bytes_per_token"]
     assert info["weight_bytes_per_token"] < preserve * (0.56 if precision == "int8" else 0.53)
     ref = hf_logits(model, ids)
@@ -97,8 +99,25 @@ def test_formats_override_the_plan() -> None:
     dec = KwkDecoder.from_hf(model, precision="int4", max_context=64,
                              formats={"down": "q8", "o.1": "preserve", "gate_up.0": "q8"})  # fmt: skip
     f = dec.info["formats"]  # keyed by the tensor table's names ("gate_up" is an alias of "up")
-    assert f["down.0"] == f["down.1"] == "q8" and f["o.1"] == "bf16" and f["o.0"] == "q4"
-    assert f["up.1"] == "q4" and f["up.0"] == "q8"
+    assert f["down.0"] == f["down.1"] == "q8" and f["o.1"] == "bf16" and f["o.0"] == "q4k"
+    assert f["up.1"] == "q4k" and f["up.0"] == "q8"
+    # Every format by name, the previous int4 plan's q4 among them.
+    old = KwkDecoder.from_hf(model, precision="int4", max_context=64,
+                             formats={"qkv": "q4", "o": "q6k", "up": "q4k", "down": "q8", "embed": "q4"})  # fmt: skip
+    f = old.info["formats"]
+    assert (f["qkv.1"], f["o.0"], f["up.1"], f["down.0"], f["embed.0"]) == ("q4", "q6k", "q4k", "q8", "q4")
+    # The bits the plan counts are the bytes stored (a row of 960 = 3 super-blocks and a tail of 6 sub-blocks),
+    # for every matrix whose rows fill whole 16-row panels.
+    checked = set()
+    for d in (dec, old):
+        for t in d.describe()["tensors"]:
+            if t["format"] in plan.QUANT and t["rows"] % 16 == 0:
+                nbytes = len(d.export(t["name"], t["layer"], t["expert"])[3])
+                assert nbytes * 8 == pytest.approx(plan.row_bits(t["format"], t["cols"]) * t["rows"] * t["cols"])
+                checked.add((t["format"], t["cols"] % 256 != 0))
+    assert {("q4k", True), ("q6k", True), ("q4", True), ("q8", False)} <= checked, checked
+    with pytest.raises(ValueError, match=r"formats\['down'\] = 'q5'; expected 'preserve' or one of"):
+        KwkDecoder.from_hf(model, precision="int4", formats={"down": "q5"})
 
 
 def test_install_int4_generates_sensible_text_on_the_real_smollm2(smollm2: tuple) -> None:
@@ -113,7 +132,7 @@ def test_install_int4_generates_sensible_text_on_the_real_smollm2(smollm2: tuple
     decode.install(model, precision="int4", max_batch=1, max_context=256)
     try:
         dec = decode.decoder_of(model)
-        assert dec.info["q4_matrices"] > 0
+        assert dec.info["q4k_matrices"] > 0
         before = dec.native_steps
         got = generate_greedy(model, ids, 24)[0, ids.shape[1] :]
         assert dec.native_steps - before == 24
@@ -154,10 +173,14 @@ def test_decoder_error_type_is_unchanged_for_quantized_steps() -> None:
         dec.step([(0, [50000])])
 
 
-@pytest.mark.parametrize("precision", ["preserve", "int4"])
+# "int4-q4": the previous int4 plan's formats (q4 layers, q8 embedding and lm_head), which folders saved before
+# q4k/q6k hold: they keep loading.
+@pytest.mark.parametrize("precision", ["preserve", "int4", "int4-q4"])
 def test_save_then_load_gives_the_same_numbers(precision: str, tmp_path: object) -> None:
     model = quant_family("Mistral-7B-v0.1")  # untied lm_head, sliding window: every stored kind
-    dec = KwkDecoder.from_hf(model, precision=precision, max_batch=2, max_context=64)
+    formats = {k: "q4" for k in ("qkv", "o", "up", "down")} | {"embed": "q8", "lm_head": "q8"}
+    dec = KwkDecoder.from_hf(model, precision=precision.removesuffix("-q4"), max_batch=2, max_context=64,
+                             formats=formats if precision == "int4-q4" else None)  # fmt: skip
     dec.save(tmp_path)
     back = KwkDecoder.load(tmp_path)
     assert back.info["formats"] == dec.info["formats"]

@@ -45,7 +45,7 @@ pub unsafe extern "C" fn kwker_decoder_abi(
             "tensors": tensors,
             "dtypes": DTYPES,
             "formats": MatFormat::ALL.map(MatFormat::name),
-            "stores": ["as_given", "q8", "q4"],
+            "stores": ["as_given", "q8", "q4", "q4k", "q6k"],
             "logits": LOGITS_CODES.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
             "finish": FINISH_CODES.iter().map(|(n, c)| (c.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
         });
@@ -195,13 +195,14 @@ pub unsafe extern "C" fn kwker_decoder_set(
         let imp = (!importance.is_null()).then(|| unsafe { raw_slice(importance, cols) });
         let store = match store {
             "as_given" => Store::AsGiven,
-            "q8" => Store::Quant(Format::Q8, imp),
-            "q4" => Store::Quant(Format::Q4, imp),
-            _ => {
-                return Err(format!(
-                    "unknown store {store:?}; expected as_given, q8 or q4"
-                ))
-            }
+            q => match Format::ALL.into_iter().find(|f| f.name() == q) {
+                Some(f) => Store::Quant(f, imp),
+                None => {
+                    return Err(format!(
+                        "unknown store {store:?}; expected as_given, q8, q4, q4k or q6k"
+                    ))
+                }
+            },
         };
         let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
         bd.set(name, layer, expert, d, rows, cols, store)

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from . import families, native, plan
-from .plan import BITS
 from .runtime import CHUNK_ROWS, PRECISIONS, eos_ids
 
 log = logging.getLogger("kwker_torch")
@@ -123,8 +122,9 @@ def from_hf(
         imp = plan.importance(model, plan.calib_ids(calib, tokenizer), modules)
     builder = native.Builder(recipe, max_batch, max_context, CHUNK_ROWS)
     info: dict[str, Any] = {
-        "family": fam.name, "precision": precision, "bf16_matrices": 0, "f32_matrices": 0, "q8_matrices": 0,
-        "q4_matrices": 0, "tied_embeddings": recipe["tied_embeddings"], "calibrated": imp is not None, "formats": {},
+        "family": fam.name, "precision": precision, "bf16_matrices": 0, "f32_matrices": 0,
+        **{f"{q}_matrices": 0 for q in plan.QUANT},
+        "tied_embeddings": recipe["tied_embeddings"], "calibrated": imp is not None, "formats": {},
         "plan": fam.plan_note if precision == "int4" else None,
     }  # fmt: skip
     # Stored bits and weights of the matrices a token reads, for bits_per_weight: a sparse layer's experts count
@@ -151,12 +151,14 @@ def from_hf(
     info["weight_bytes_per_token"] = int(native.LIB.kwker_decoder_weight_bytes(h))
     info["kv_bytes"] = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
     dec = cls(h, model.config, recipe["vocab"], max_batch, max_context, info, eos_ids(model), fam.name)
+    counts = ", ".join(
+        f"{info[f + '_matrices']} {f}" for f in ("bf16", "f32", *plan.QUANT) if info[f + "_matrices"]
+    )
     log.info(
-        "kwker: KwkDecoder for %s (%s, %s): %d bf16, %d float32, %d q8 and %d q4 matrices (%.2f bits per weight), "
+        "kwker: KwkDecoder for %s (%s, %s): %s matrices (%.2f bits per weight), "
         "%.0f MB of weights per token, KV cache %.0f MB (float32, %d slots x %d positions)",
-        type(model).__name__, fam.name, precision, info["bf16_matrices"], info["f32_matrices"], info["q8_matrices"],
-        info["q4_matrices"], info["bits_per_weight"], info["weight_bytes_per_token"] / 1e6, info["kv_bytes"] / 1e6,
-        max_batch, max_context,
+        type(model).__name__, fam.name, precision, counts, info["bits_per_weight"],
+        info["weight_bytes_per_token"] / 1e6, info["kv_bytes"] / 1e6, max_batch, max_context,
     )  # fmt: skip
     return dec
 
@@ -175,7 +177,7 @@ def _put(b: native.Builder, src: families.Source, choose: Any, info: dict, bits:
         info[f"{stored}_matrices"] += 1
         info["formats"][f"{name}.{layer}" + (f".{expert}" if native.TENSORS[name]["per_expert"] else "")] = stored
         part = share if native.TENSORS[name]["per_expert"] else 1.0
-        bits[0] += BITS[stored] * t.numel() * part
+        bits[0] += plan.row_bits(stored, t.shape[1]) * t.numel() * part
         bits[1] += t.numel() * part
         info["bits_per_weight"] = bits[0] / bits[1]
         info["active_weights"] = int(round(bits[1]))

@@ -6,11 +6,14 @@ Precisions (``KwkDecoder.from_hf(model, precision=...)``, ``decode.install(model
 - ``"preserve"``: the checkpoint's own numbers (bf16, or float32; bf16-exact float32 stored as bf16).
 - ``"balanced"`` / ``"int8"``: every matrix (embedding and lm_head included) as q8: 8-bit codes, one f32
   scale per 64 values (8.5 bits per weight).
-- ``"int4"``: layer matrices as q4 (4-bit codes on an asymmetric grid, f16 scale and min per 32 values:
-  5.0 bits per weight); the embedding/lm_head (and OPT's projections in and out) and the matrices in
-  ``SENSITIVE`` as q8, chosen by measured quality on the real SmolLM2-135M (BENCHMARKS.md, issue 9). A family
-  may name other sensitive matrices (``Family.sensitive``) and says how its plan was chosen
-  (``Family.plan_note``, reported in ``dec.info["plan"]``).
+- ``"int4"``: layer matrices as q4k (4-bit codes on an asymmetric grid per 32 values whose 6-bit scales and
+  mins refine an f16 pair per 256: 4.5 bits per weight); the embedding/lm_head (and OPT's projections in and
+  out) and the matrices in ``SENSITIVE`` as q6k (6-bit codes, an i8 scale per 32 refining an f16 one per 256:
+  6.3 bits), chosen by measured quality on the real SmolLM2-135M (BENCHMARKS.md, issue 18). A family may name
+  other sensitive matrices (``Family.sensitive``) and says how its plan was chosen (``Family.plan_note``,
+  reported in ``dec.info["plan"]``).
+- Other formats by name through ``formats=``: ``q4`` (the previous int4 body: f16 scale and min per 32
+  values, 5.0 bits) and any of the above; folders saved with them keep loading.
 
 A quantized matrix's linear reads its input rounded to int8 per 32 values (``rust/src/quant.rs``); the
 rest of the forward stays float32. ``formats={"down": "q8", "down.3": "q4", "embed": "preserve", ...}``
@@ -38,21 +41,27 @@ from .native import MATRICES
 
 log = logging.getLogger("kwker_torch")
 
-# Bits per stored weight (scales included); panel padding and norms/biases not counted.
-BITS = {"bf16": 16.0, "f32": 32.0, "q8": 8.5, "q4": 5.0}
+# Bits per stored weight (scales included) of whole blocks; panel padding and norms/biases not counted.
+BITS = {"bf16": 16.0, "f32": 32.0, "q8": 8.5, "q4": 5.0, "q4k": 4.5, "q6k": 6.3125}
+# The quantized formats (rust/src/quant.rs: Format); q4k/q6k are super-blocks of 256 (rust/src/quant/kblock.rs).
+QUANT = ("q8", "q4", "q4k", "q6k")
 # Matrices a plan may quantize: every matrix of the tensor table but the position table (a lookup).
 KINDS = tuple(m for m in MATRICES if m != "pos_embed")
 ALIASES = {"gate_up": "up"}
-# Matrices int4 keeps at 8 bits wherever they are: the embedding/lm_head and the embedding projections.
+# Matrices int4 keeps at 6 bits (INT4_EMBEDDING) wherever they are: the embedding/lm_head and the embedding
+# projections.
 EMBEDDING_KINDS = ("embed", "lm_head", "proj_in", "proj_out")
 # Block of k each format needs whole (rust/src/quant.rs: Format::block).
-BLOCK = {"q8": 64, "q4": 32}
+BLOCK = {"q8": 64, "q4": 32, "q4k": 32, "q6k": 32}
 MIN_CALIB_TOKENS = 128
 CALIB_CHUNK = 512
 
-# int4's matrices kept at 8 bits, by kind and by layer position: (kind, which layers).
+# int4's matrices kept at 6 bits (INT4_SENSITIVE), by kind and by layer position: (kind, which layers).
 # "ends" = the first and last layer. Measured on the real SmolLM2-135M (quality tool, Austen text).
 SENSITIVE: tuple[tuple[str, str], ...] = (("down", "ends"), ("qkv", "ends"))
+# int4's formats: the layer matrices, the sensitive ones, the embedding/lm_head (measured on the real
+# SmolLM2-135M with the quality tool; BENCHMARKS.md, issue 18).
+INT4_BODY, INT4_SENSITIVE, INT4_EMBEDDING = "q4k", "q6k", "q6k"
 # Kept as stored at every precision: a mixture's router (experts x hidden, a few hundred KB per layer), whose
 # rounding would move rows to other experts rather than perturb a sum.
 KEEP: tuple[str, ...] = ("router",)
@@ -62,8 +71,8 @@ def plan(
     precision: str, layers: int, formats: dict[str, str] | None = None,
     sensitive: tuple[tuple[str, str], ...] | None = None, keep: tuple[str, ...] = KEEP,
 ) -> Callable[[str, int], str]:
-    """The format ("preserve", "q8" or "q4") of matrix ``kind`` of ``layer`` (0 for model-level matrices).
-    ``sensitive``: the family's int4 matrices kept at 8 bits (default ``SENSITIVE``); ``keep``: kinds kept as
+    """The format ("preserve" or one of ``QUANT``) of matrix ``kind`` of ``layer`` (0 for model-level matrices).
+    ``sensitive``: the family's int4 matrices kept at 6 bits (default ``SENSITIVE``); ``keep``: kinds kept as
     the checkpoint stores them at every precision (default ``KEEP``: the routers)."""
     keep8 = SENSITIVE if sensitive is None else sensitive
     overrides: dict[str, str] = {}
@@ -75,8 +84,10 @@ def plan(
                 f"kwker: formats key {key!r} is not a matrix kind; expected one of {KINDS + tuple(ALIASES)}, "
                 "optionally 'kind.layer' (e.g. 'down.3')"
             )
-        if val not in ("preserve", "q8", "q4"):
-            raise ValueError(f"kwker: formats[{key!r}] = {val!r}; expected 'preserve', 'q8' or 'q4'")
+        if val not in ("preserve", *QUANT):
+            raise ValueError(
+                f"kwker: formats[{key!r}] = {val!r}; expected 'preserve' or one of {QUANT}"
+            )
         overrides[f"{kind}.{layer}" if layer else kind] = val
 
     def base(kind: str, layer: int) -> str:
@@ -85,11 +96,11 @@ def plan(
         if precision in ("balanced", "int8"):
             return "q8"
         if kind in EMBEDDING_KINDS:
-            return "q8"
+            return INT4_EMBEDDING
         for k, which in keep8:
             if k == kind and (which == "all" or (which == "ends" and layer in (0, layers - 1))):
-                return "q8"
-        return "q4"
+                return INT4_SENSITIVE
+        return INT4_BODY
 
     def choose(kind: str, layer: int) -> str:
         return overrides.get(f"{kind}.{layer}", overrides.get(kind, base(kind, layer)))
@@ -161,6 +172,18 @@ def importance(
         for h in handles:
             h.remove()
     return {k: (v / counts[k]).contiguous() for k, v in sums.items()}
+
+
+def row_bits(fmt: str, cols: int) -> float:
+    """Bits per weight of a row of ``cols`` values stored as ``fmt``: a q4k/q6k row whose length is not a
+    multiple of 256 ends in a shorter super-block that still carries its header."""
+    if fmt not in ("q4k", "q6k") or cols % 256 == 0:
+        return BITS[fmt]
+    full, t = divmod(cols // 32 * 32, 256)
+    t //= 32
+    # Bytes per row of one panel's super-block of t sub-blocks (16 rows share a panel; kblock.rs).
+    tail = 4 + t + -(-t // 2) + 16 * t if fmt == "q4k" else 2 + t + 24 * t
+    return (full * (144 if fmt == "q4k" else 202) + tail) * 8 / cols
 
 
 def check_quantizable(kind: str, layer: int, fmt: str, cols: int) -> None:

@@ -4,6 +4,8 @@
 //! Formats (one scale set per block of k, per output row):
 //! - `Q8`: value = d * c, c in [-127, 127], one f32 scale d per 64 values (8.5 bits per weight).
 //! - `Q4`: value = d * c + m, c in [0, 15], f16 d and f16 m per 32 values (5.0 bits per weight).
+//! - `Q4K`, `Q6K`: super-blocks of 256 values with 6-/8-bit scales per 32-value sub-block (4.5 and
+//!   6.3125 bits per weight; layout and values in `kblock`).
 //!
 //! `QuantRows` is the reference form (codes row-major, one scale per row and block) that the
 //! quantizers produce and the tests dequantize; `QuantWeight` is the same numbers packed into panels
@@ -15,7 +17,9 @@
 //! the residual, x ~ dx' * (254 q + q2), dx' = dx / 254, error at most dx' / 2 (about 15 bits: the
 //! int8 rounding of activations with outlier channels cost more perplexity than the 8-bit weights).
 //! Within a 32-block the dot product of codes is an exact i32 sum; the block then contributes
-//! `d * (dot * dx')` (Q8) or `(d * dot + m * sum(q)) * dx` (Q4) to an f32 accumulator, in k order;
+//! `d * (dot * dx')` (Q8), `(d * dot + m * sum(q)) * dx` (Q4), `(ds * dot - dm * sum(q)) * dx` (Q4K,
+//! ds = d * sc and dm = dmin * mc exact) or `ds * ((dot - 32 sum(q)) * dx)` (Q6K, dot over the
+//! unsigned codes) to an f32 accumulator, in k order;
 //! the bias last. Tiers differ from the scalar reference only in fused multiply-add rounding, so the
 //! result is a float linear of the dequantized weights and the rounded activations, up to f32 rounding.
 
@@ -27,6 +31,8 @@ mod avx2;
 mod avx512;
 mod f16;
 mod fit;
+mod fit_k;
+pub mod kblock;
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -49,22 +55,50 @@ const MIN_MACS_PER_TASK: usize = 1 << 17;
 pub enum Format {
     Q8,
     Q4,
+    Q4K,
+    Q6K,
 }
 
 impl Format {
-    /// Values of k sharing one scale.
+    pub const ALL: [Format; 4] = [Format::Q8, Format::Q4, Format::Q4K, Format::Q6K];
+
+    /// Values of k sharing one scale (the super-block formats: one top-level scale).
     pub const fn block(self) -> usize {
         match self {
             Format::Q8 => 64,
             Format::Q4 => 32,
+            Format::Q4K | Format::Q6K => kblock::SUPER,
         }
     }
 
-    /// Bytes of one packed block of a panel: scales first, then the codes.
+    /// What k must be a multiple of (the super-block formats end a row in a shorter super-block).
+    pub const fn granule(self) -> usize {
+        match self {
+            Format::Q8 => 64,
+            _ => QSUB,
+        }
+    }
+
+    /// Whether values are stored in super-blocks (`kblock`).
+    pub const fn is_super(self) -> bool {
+        matches!(self, Format::Q4K | Format::Q6K)
+    }
+
+    /// Bytes of one packed (full) block of a panel: scales first, then the codes.
     pub(crate) const fn block_bytes(self) -> usize {
         match self {
             Format::Q8 => QPANEL * 4 + QPANEL * 64,
             Format::Q4 => QPANEL * 2 * 2 + QPANEL * 16,
+            Format::Q4K | Format::Q6K => kblock::super_bytes(self, kblock::SUBS),
+        }
+    }
+
+    /// Bytes of one panel of 16 rows of k values.
+    pub(crate) fn panel_bytes(self, k: usize) -> usize {
+        if self.is_super() {
+            kblock::Layout::new(self, k).panel_bytes
+        } else {
+            k / self.block() * self.block_bytes()
         }
     }
 
@@ -72,16 +106,21 @@ impl Format {
         match self {
             Format::Q8 => "q8",
             Format::Q4 => "q4",
+            Format::Q4K => "q4k",
+            Format::Q6K => "q6k",
         }
     }
 
+    /// Bits per weight of whole blocks (a shorter last super-block costs a little more).
     pub fn bits_per_weight(self) -> f64 {
         (self.block_bytes() * 8) as f64 / (QPANEL * self.block()) as f64
     }
 }
 
-/// The reference form: `codes[j * k + kk]` (Q8 stored as `c + 128`), `scales[j * nb + b]`,
-/// `mins[j * nb + b]` (Q4 only; Q4 scales and mins are f16-representable).
+/// The reference form: `codes[j * k + kk]` (Q8 stored as `c + 128`, Q6K as `c + 32`),
+/// `scales[j * nb + b]`, `mins[j * nb + b]` (Q4 and Q4K; f16-representable, as Q4's scales; Q4K's
+/// min is subtracted), with nb = ceil(k / block); the super-block formats' sub-block scales
+/// `subs[j * k / 32 + s]` (Q6K, an i8 as u8) or `subs[2 (j * k / 32 + s) + {0, 1}]` (Q4K's sc, mc).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantRows {
     pub format: Format,
@@ -90,37 +129,48 @@ pub struct QuantRows {
     pub codes: Vec<u8>,
     pub scales: Vec<f32>,
     pub mins: Vec<f32>,
+    pub subs: Vec<u8>,
 }
 
 impl QuantRows {
-    /// All-zero codes, scales and (Q4) mins for an [n, k] matrix (k a multiple of the block).
+    /// All-zero codes and scales for an [n, k] matrix (k a multiple of the format's granule).
     pub fn zeros(format: Format, n: usize, k: usize) -> QuantRows {
-        let nb = k / format.block();
+        let nb = k.div_ceil(format.block());
+        let subs = if format.is_super() {
+            n * (k / QSUB) * kblock::subs_per_block(format)
+        } else {
+            0
+        };
         QuantRows {
             format,
             n,
             k,
             codes: vec![0; n * k],
             scales: vec![0.0; n * nb],
-            mins: if format == Format::Q4 {
+            mins: if matches!(format, Format::Q4 | Format::Q4K) {
                 vec![0.0; n * nb]
             } else {
                 Vec::new()
             },
+            subs: vec![0; subs],
         }
     }
 
     /// Row-major [n, k] f32 values the codes stand for.
     pub fn dequantize(&self) -> Vec<f32> {
-        let nb = self.k / self.format.block();
+        let nb = self.k.div_ceil(self.format.block());
         let mut out = vec![0.0f32; self.n * self.k];
         for (i, o) in out.iter_mut().enumerate() {
             let (j, kk) = (i / self.k, i % self.k);
+            if self.format.is_super() {
+                *o = kblock::value(self, j, kk);
+                continue;
+            }
             let b = j * nb + kk / self.format.block();
             let c = self.codes[i] as f32;
             *o = match self.format {
                 Format::Q8 => self.scales[b] * (c - 128.0),
-                Format::Q4 => self.scales[b] * c + self.mins[b],
+                _ => self.scales[b] * c + self.mins[b],
             };
         }
         out
@@ -147,16 +197,28 @@ impl QuantWeight {
     pub fn pack(q: &QuantRows) -> QuantWeight {
         let (f, n, k) = (q.format, q.n, q.k);
         assert!(
-            k > 0 && k.is_multiple_of(f.block()),
+            k > 0 && k.is_multiple_of(f.granule()),
             "pack: k = {k} is not a positive multiple of the {} block",
             f.name()
         );
-        let nb = k / f.block();
-        let mins = if f == Format::Q4 { n * nb } else { 0 };
+        let z = QuantRows::zeros(f, n, k);
         assert!(
-            q.codes.len() == n * k && q.scales.len() == n * nb && q.mins.len() == mins,
+            q.codes.len() == z.codes.len()
+                && q.scales.len() == z.scales.len()
+                && q.mins.len() == z.mins.len()
+                && q.subs.len() == z.subs.len(),
             "pack: codes/scales/mins lengths do not match [{n}, {k}]"
         );
+        if f.is_super() {
+            let data = kblock::pack(q);
+            return QuantWeight {
+                format: f,
+                n,
+                k,
+                data,
+            };
+        }
+        let nb = k / f.block();
         let panels = n.div_ceil(QPANEL);
         let bb = f.block_bytes();
         let mut data = vec![0u8; panels * nb * bb];
@@ -170,7 +232,7 @@ impl QuantWeight {
                         match (live, f) {
                             (true, _) => q.codes[j * k + b * f.block() + kk],
                             (false, Format::Q8) => 128,
-                            (false, Format::Q4) => 0,
+                            (false, _) => 0,
                         }
                     };
                     let s = if live { q.scales[j * nb + b] } else { 0.0 };
@@ -181,7 +243,7 @@ impl QuantWeight {
                                 blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] = code(kk);
                             }
                         }
-                        Format::Q4 => {
+                        _ => {
                             let m = if live { q.mins[j * nb + b] } else { 0.0 };
                             blk[r * 2..r * 2 + 2].copy_from_slice(&f32_to_f16(s).to_le_bytes());
                             blk[32 + r * 2..34 + r * 2]
@@ -208,6 +270,9 @@ impl QuantWeight {
     /// The reference form back (the inverse of `pack`).
     pub fn unpack(&self) -> QuantRows {
         let (f, n, k) = (self.format, self.n, self.k);
+        if f.is_super() {
+            return kblock::unpack(f, n, k, &self.data);
+        }
         let nb = k / f.block();
         let mut q = QuantRows::zeros(f, n, k);
         for j in 0..n {
@@ -235,7 +300,7 @@ impl QuantWeight {
         let (blk, r) = (self.block_of(j, b), j % QPANEL);
         match self.format {
             Format::Q8 => f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap()),
-            Format::Q4 => f16_to_f32(u16::from_le_bytes([blk[r * 2], blk[r * 2 + 1]])),
+            _ => f16_to_f32(u16::from_le_bytes([blk[r * 2], blk[r * 2 + 1]])),
         }
     }
 
@@ -249,7 +314,7 @@ impl QuantWeight {
         let (blk, r, t) = (self.block_of(j, kk / bs), j % QPANEL, kk % bs);
         match self.format {
             Format::Q8 => blk[64 + (t / 4) * 64 + r * 4 + t % 4],
-            Format::Q4 => {
+            _ => {
                 let (g, h, u) = (t / 8, (t % 8) / 4, t % 4);
                 (blk[64 + g * 64 + r * 4 + u] >> (4 * h)) & 0x0f
             }
@@ -264,7 +329,7 @@ impl QuantWeight {
         k: usize,
         data: Vec<u8>,
     ) -> Result<QuantWeight, String> {
-        if k == 0 || !k.is_multiple_of(format.block()) {
+        if k == 0 || !k.is_multiple_of(format.granule()) {
             return Err(format!(
                 "k = {k} is not a multiple of the {} block",
                 format.name()
@@ -272,8 +337,7 @@ impl QuantWeight {
         }
         let want = n
             .div_ceil(QPANEL)
-            .checked_mul(k / format.block())
-            .and_then(|e| e.checked_mul(format.block_bytes()))
+            .checked_mul(format.panel_bytes(k))
             .ok_or_else(|| format!("a [{n}, {k}] matrix is too large"))?;
         if data.len() != want {
             return Err(format!(
@@ -281,6 +345,10 @@ impl QuantWeight {
                 data.len(),
                 format.name()
             ));
+        }
+        if format.is_super() {
+            kblock::check_finite(format, n, k, &data)?;
+            return Ok(QuantWeight { format, n, k, data });
         }
         let w = QuantWeight { format, n, k, data };
         let nb = k / format.block();
@@ -323,12 +391,16 @@ impl QuantWeight {
 
     /// Row j dequantized (an embedding lookup).
     pub fn row_f32(&self, j: usize, out: &mut [f32]) {
+        if self.format.is_super() {
+            kblock::row_f32(self.format, self.k, &self.data, j, out);
+            return;
+        }
         let bs = self.format.block();
         for (kk, o) in out[..self.k].iter_mut().enumerate() {
             let (s, c) = (self.scale(j, kk / bs), self.code(j, kk) as f32);
             *o = match self.format {
                 Format::Q8 => s * (c - 128.0),
-                Format::Q4 => s * c + self.min(j, kk / bs),
+                _ => s * c + self.min(j, kk / bs),
             };
         }
     }

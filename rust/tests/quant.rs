@@ -34,8 +34,8 @@ fn reference(x: &[f32], m: usize, w: &QuantWeight, bias: Option<&[f32]>) -> (Vec
         for t in 0..QSUB {
             // Q4 reads the coarse codes, Q8 the coarse and residual ones (module contract).
             xd[b * QSUB + t] = match w.format {
-                Format::Q4 => q[t] as f64 * c.d as f64,
                 Format::Q8 => (LO as f64 * q[t] as f64 + q2[t] as f64) * c.d_fine as f64,
+                _ => q[t] as f64 * c.d as f64,
             };
         }
     }
@@ -108,10 +108,44 @@ fn every_tier_matches_the_reference_on_awkward_shapes() {
 }
 
 #[test]
+fn super_block_formats_match_the_reference_in_every_tier() {
+    // k around the 256-value super-block: only a tail (32, 96), whole (256, 512), whole plus a tail
+    // of 1, 2, 4 or 6 sub-blocks (288, 576, 896, 960).
+    let mut rng = Rng::new(27);
+    for format in [Format::Q4K, Format::Q6K] {
+        for &n in &[1, 15, 16, 17, 65] {
+            for &k in &[32, 96, 256, 288, 512, 576, 896, 960] {
+                for &m in &[1, 2, 3, 8, 9, 17] {
+                    case(format, m, n, k, n % 2 == 1, &mut rng);
+                }
+            }
+        }
+        case(format, 70, 96, 1536, true, &mut rng);
+    }
+}
+
+#[test]
+fn super_block_bytes_are_what_the_format_says() {
+    let mut rng = Rng::new(28);
+    for (format, bits) in [(Format::Q4K, 4.5), (Format::Q6K, 6.3125)] {
+        assert_eq!(format.bits_per_weight(), bits);
+        let w = QuantWeight::pack(&quantize(&rng.vec(32 * 512), 32, 512, &opts(format)).unwrap());
+        assert_eq!(w.bytes() * 8, (bits * 32.0 * 512.0) as usize, "{format:?}");
+        // 576 = 2 super-blocks + 2 sub-blocks: the tail costs its header, not a bigger format.
+        let w = QuantWeight::pack(&quantize(&rng.vec(16 * 576), 16, 576, &opts(format)).unwrap());
+        let per = w.bytes() as f64 * 8.0 / (16.0 * 576.0);
+        assert!(
+            per > bits && per < bits + 0.25,
+            "{format:?}: {per} bits per weight"
+        );
+    }
+}
+
+#[test]
 fn split_across_the_decoders_pool_equals_serial() {
     let mut rng = Rng::new(22);
     let pool = SpinPool::new(3);
-    for format in [Format::Q8, Format::Q4] {
+    for format in Format::ALL {
         for &(m, n, k) in &[(1, 4096, 256), (8, 1000, 576), (40, 520, 320)] {
             let x = rng.vec(m * k);
             let w = QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap());
@@ -191,18 +225,22 @@ fn activation_codes_are_bit_identical_in_every_tier() {
 #[test]
 fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
     let mut rng = Rng::new(24);
-    let (n, k) = (37, 192);
+    let (n, k) = (37, 448);
     let w = rng.vec(n * k);
-    for format in [Format::Q8, Format::Q4] {
+    for format in Format::ALL {
         let q = quantize(&w, n, k, &opts(format)).unwrap();
         let back = QuantWeight::pack(&q).unpack();
         assert_eq!(back, q, "{format:?}: pack then unpack");
         let d = q.dequantize();
-        let bs = format.block();
+        let bs = format.block().min(64);
         for j in 0..n {
             for b in 0..k / bs {
                 let blk = j * k + b * bs..j * k + (b + 1) * bs;
+                // The super-block formats' scales are multiples of their super-block's.
+                let sup = j * k + (b * bs) / 256 * 256
+                    ..(j * k + (b * bs) / 256 * 256 + 256).min(j * k + k);
                 let amax = w[blk.clone()].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let smax = w[sup].iter().fold(0.0f32, |a, v| a.max(v.abs()));
                 let err = blk
                     .clone()
                     .map(|i| (w[i] - d[i]).abs())
@@ -212,6 +250,8 @@ fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
                 let bound = match format {
                     Format::Q8 => 0.5 * amax / 127.0 + 0.021 * amax,
                     Format::Q4 => 2.0 * amax / 15.0,
+                    Format::Q4K => 2.2 * smax / 15.0,
+                    Format::Q6K => 1.5 * smax / 31.0,
                 };
                 assert!(
                     err <= bound,
@@ -224,12 +264,18 @@ fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
         packed.row_f32(5, &mut row);
         assert_eq!(&row[..], &d[5 * k..6 * k]);
     }
-    let q4 = quantize(&w, n, k, &opts(Format::Q4)).unwrap();
-    let rms = |d: &[f32]| {
-        (w.iter().zip(d).map(|(a, b)| (a - b).powi(2)).sum::<f32>() / w.len() as f32).sqrt()
+    let rms = |f: Format| {
+        let d = quantize(&w, n, k, &opts(f)).unwrap().dequantize();
+        (w.iter().zip(&d).map(|(a, b)| (a - b).powi(2)).sum::<f32>() / w.len() as f32).sqrt()
     };
-    // Uniform weights on [-1, 1): a 16-level grid's rounding alone gives 2 / 15 / sqrt(12) = 0.0385.
-    assert!(rms(&q4.dequantize()) < 0.036, "{}", rms(&q4.dequantize()));
+    // Uniform weights on [-1, 1): a 16-level grid's rounding alone gives 2 / 15 / sqrt(12) = 0.0385;
+    // Q4K's 6-bit sub-block scales cost little over Q4's f16 ones; a 64-level grid's rounding gives
+    // 2 / 63 / sqrt(12) = 0.0092.
+    let (q4, q4k, q6k) = (rms(Format::Q4), rms(Format::Q4K), rms(Format::Q6K));
+    assert!(
+        q4 < 0.036 && q4k < 0.037 && q6k < 0.0100,
+        "{q4} {q4k} {q6k}"
+    );
 }
 
 #[test]
@@ -242,25 +288,27 @@ fn importance_moves_the_error_to_the_columns_that_do_not_matter() {
         .collect();
     let weighted =
         |q: &[f32]| -> f32 { (0..n * k).map(|i| imp[i % k] * (w[i] - q[i]).powi(2)).sum() };
-    let plain = quantize(&w, n, k, &opts(Format::Q4)).unwrap().dequantize();
-    let fitted = quantize(
-        &w,
-        n,
-        k,
-        &QuantOptions {
-            format: Format::Q4,
-            importance: Some(&imp),
-            threads: 1,
-        },
-    )
-    .unwrap()
-    .dequantize();
-    assert!(
-        weighted(&fitted) < 0.8 * weighted(&plain),
-        "{} vs {}",
-        weighted(&fitted),
-        weighted(&plain)
-    );
+    for format in [Format::Q4, Format::Q4K, Format::Q6K] {
+        let plain = quantize(&w, n, k, &opts(format)).unwrap().dequantize();
+        let fitted = quantize(
+            &w,
+            n,
+            k,
+            &QuantOptions {
+                format,
+                importance: Some(&imp),
+                threads: 1,
+            },
+        )
+        .unwrap()
+        .dequantize();
+        assert!(
+            weighted(&fitted) < 0.8 * weighted(&plain),
+            "{format:?}: {} vs {}",
+            weighted(&fitted),
+            weighted(&plain)
+        );
+    }
 }
 
 #[test]
@@ -290,8 +338,13 @@ fn bad_matrices_are_refused_with_a_reason() {
     let err = quantize(&huge, 2, 32, &opts(Format::Q4)).unwrap_err();
     assert!(err.contains("too large for q4's f16 scales"), "{err}");
     assert!(quantize(&huge, 1, 64, &o8).is_ok());
+    let err = quantize(&[0.5; 2 * 48], 2, 48, &opts(Format::Q4K)).unwrap_err();
+    assert!(
+        err.contains("k = 48 is not a multiple of the q4k block (32 values)"),
+        "{err}"
+    );
     // Constant and all-zero blocks are exact.
-    for format in [Format::Q8, Format::Q4] {
+    for format in Format::ALL {
         let q = quantize(&[0.0; 128], 2, 64, &opts(format)).unwrap();
         assert!(q.dequantize().iter().all(|&v| v == 0.0));
     }
@@ -303,7 +356,7 @@ fn bad_matrices_are_refused_with_a_reason() {
 fn packed_bytes_round_trip_and_damage_is_refused() {
     let mut rng = Rng::new(26);
     let (n, k) = (20, 128);
-    for format in [Format::Q8, Format::Q4] {
+    for format in Format::ALL {
         let w = QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap());
         let bytes = w.packed_bytes().to_vec();
         let back = QuantWeight::from_packed(format, n, k, bytes.clone()).unwrap();
@@ -314,13 +367,15 @@ fn packed_bytes_round_trip_and_damage_is_refused() {
         // The first row's first scale: an f32 NaN (q8) or an f16 NaN (q4).
         match format {
             Format::Q8 => nan[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
-            Format::Q4 => nan[..2].copy_from_slice(&0x7e00u16.to_le_bytes()),
+            _ => nan[..2].copy_from_slice(&0x7e00u16.to_le_bytes()),
         }
         let err = QuantWeight::from_packed(format, n, k, nan).unwrap_err();
-        assert!(
-            err.contains("row 0 block 0 has a non-finite scale"),
-            "{err}"
-        );
+        let want = if format.is_super() {
+            "rows 0.. super-block 0 have a non-finite scale"
+        } else {
+            "row 0 block 0 has a non-finite scale"
+        };
+        assert!(err.contains(want), "{err}");
     }
 }
 
@@ -336,7 +391,7 @@ fn a_group_equals_each_linear_alone_in_every_tier() {
         (5, 1, 192),
         (2, 33, 64),
     ];
-    for format in [Format::Q8, Format::Q4] {
+    for format in Format::ALL {
         let ws: Vec<QuantWeight> = shapes
             .iter()
             .map(|&(_, n, k)| {

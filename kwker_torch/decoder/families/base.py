@@ -58,11 +58,13 @@ class Family:
     name = "?"
     model_types: tuple[str, ...] = ()
     positions_from_mask = False
-    # int4 plan: matrices kept at 8 bits, (kind, which layers) as quantize's SENSITIVE; None = default.
+    # int4 plan: matrices kept at 6 bits (plan.INT4_SENSITIVE), (kind, which layers) as plan's SENSITIVE;
+    # None = default.
     sensitive: tuple[tuple[str, str], ...] | None = None
     plan_note = (
-        "embeddings/lm_head and the first and last layers' q/k/v and down projections at 8 bits: the rule "
-        "measured on real SmolLM2-135M weights (no real weights of this family were at hand)"
+        "layer matrices q4k (4.5 bits); embeddings/lm_head and the first and last layers' q/k/v and down "
+        "projections q6k (6.3 bits): the rule measured on real SmolLM2-135M weights (no real weights of this "
+        "family were at hand)"
     )
 
     def recipe(self, model: torch.nn.Module, f: Fields) -> dict[str, Any]:

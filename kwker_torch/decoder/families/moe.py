@@ -25,7 +25,7 @@ from .fields import Fields
 from .llama import Granite, LlamaStyle, Qwen3
 
 # A mixture's int4 plan: the SmolLM2 rule (base.Family.plan_note), with the experts' down projections of the
-# first and last layers at 8 bits as the dense down projections are there.
+# first and last layers at 6 bits (q6k) as the dense down projections are there.
 MOE_SENSITIVE = (("down", "ends"), ("qkv", "ends"), ("expert_down", "ends"))
 # Router settings that only matter in training (auxiliary loss, router-logit outputs, jitter noise).
 TRAINING_ONLY = frozenset({"output_router_logits", "router_aux_loss_coef", "router_jitter_noise"})

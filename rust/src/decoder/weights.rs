@@ -17,22 +17,36 @@ pub enum MatFormat {
     Bf16,
     Q8,
     Q4,
+    Q4K,
+    Q6K,
 }
 
 impl MatFormat {
-    pub const ALL: [MatFormat; 4] = [
+    pub const ALL: [MatFormat; 6] = [
         MatFormat::F32,
         MatFormat::Bf16,
         MatFormat::Q8,
         MatFormat::Q4,
+        MatFormat::Q4K,
+        MatFormat::Q6K,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             MatFormat::F32 => "f32",
             MatFormat::Bf16 => "bf16",
-            MatFormat::Q8 => "q8",
-            MatFormat::Q4 => "q4",
+            q => q.quant().map_or("?", Format::name),
+        }
+    }
+
+    /// The quantized format it stores (None for the float panels).
+    pub fn quant(self) -> Option<Format> {
+        match self {
+            MatFormat::F32 | MatFormat::Bf16 => None,
+            MatFormat::Q8 => Some(Format::Q8),
+            MatFormat::Q4 => Some(Format::Q4),
+            MatFormat::Q4K => Some(Format::Q4K),
+            MatFormat::Q6K => Some(Format::Q6K),
         }
     }
 
@@ -77,8 +91,12 @@ impl Mat {
         match self {
             Mat::Panel(PanelWeight::F32 { .. }) => MatFormat::F32,
             Mat::Panel(PanelWeight::Bf16 { .. }) => MatFormat::Bf16,
-            Mat::Quant(q) if q.format == Format::Q8 => MatFormat::Q8,
-            Mat::Quant(_) => MatFormat::Q4,
+            Mat::Quant(q) => match q.format {
+                Format::Q8 => MatFormat::Q8,
+                Format::Q4 => MatFormat::Q4,
+                Format::Q4K => MatFormat::Q4K,
+                Format::Q6K => MatFormat::Q6K,
+            },
         }
     }
 
@@ -97,19 +115,10 @@ impl Mat {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Mat, String> {
-        match format {
-            MatFormat::F32 | MatFormat::Bf16 => {
-                PanelWeight::from_packed(format == MatFormat::Bf16, bytes, rows, cols)
-                    .map(Mat::Panel)
-            }
-            MatFormat::Q8 | MatFormat::Q4 => {
-                let f = if format == MatFormat::Q8 {
-                    Format::Q8
-                } else {
-                    Format::Q4
-                };
-                QuantWeight::from_packed(f, rows, cols, bytes.to_vec()).map(Mat::Quant)
-            }
+        match format.quant() {
+            None => PanelWeight::from_packed(format == MatFormat::Bf16, bytes, rows, cols)
+                .map(Mat::Panel),
+            Some(f) => QuantWeight::from_packed(f, rows, cols, bytes.to_vec()).map(Mat::Quant),
         }
     }
 

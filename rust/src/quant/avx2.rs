@@ -8,12 +8,18 @@
 //! - Q4 (codes 0..=15): no sign trick; a whole 32-block's pair sums (8 per lane, each within
 //!   2 * 15 * 127) add up in i16 without saturating before one widening.
 //!
+//! - Q4K: as Q4 per 32-value sub-block, with each sub-block's 6-bit scales and mins unpacked to f32.
+//! - Q6K (codes 0..=63): a pair sum is within 2 * 63 * 127 and the low and high nibbles' two within
+//!   i16, so each group of 8 k is widened to i32 before the next is added.
+//!
 //! Numerical contract: as the scalar tier, except that each block's contribution is added with a
-//! fused multiply-add (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`).
+//! fused multiply-add (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`, for Q4K
+//! `ds * dot - dm * sum(q)`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::kblock::{Layout, SUBS};
 use super::{block_scale, store, BlockCodes, Format, Job, QActs, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
@@ -174,7 +180,7 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     }
                 }
             }
-            Format::Q4 => {
+            _ => {
                 let dv = [
                     _mm256_cvtph_ps(_mm_loadu_si128(blk.cast())),
                     _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast())),
@@ -227,17 +233,175 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     }
 }
 
+/// Q6K's high bits of code vector `v` moved to bits 4-5 of each byte (see the AVX-512 tier).
+#[inline(always)]
+unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
+    let m = _mm256_set1_epi8(0x30);
+    match v % 4 {
+        0 => _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m),
+        1 => _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m),
+        2 => _mm256_and_si256(hb, m),
+        _ => _mm256_and_si256(_mm256_srli_epi16::<2>(hb), m),
+    }
+}
+
+/// Sixteen bytes (one per row) to two vectors of 8 f32s, unsigned or signed.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn bytes_f32(v: __m128i, signed: bool) -> [__m256; 2] {
+    let hi = _mm_srli_si128::<8>(v);
+    if signed {
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+        ]
+    } else {
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+        ]
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
+unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
+    let w = job.w;
+    let (f, k) = (w.format, w.k());
+    let (lay, nsub) = (Layout::new(f, k), k / QSUB);
+    let full = f.block_bytes();
+    let a = job.acts;
+    let xq = a.q.as_ptr().add(i0 * k);
+    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+    let mut y = [[_mm256_setzero_ps(); 2]; M];
+    let ones = _mm256_set1_epi16(1);
+    let nib = _mm256_set1_epi8(0x0f);
+    let (n4, n3, n12) = (
+        _mm_set1_epi8(0x0f),
+        _mm_set1_epi8(0x03),
+        _mm_set1_epi8(0x0c),
+    );
+    let q4k = f == Format::Q4K;
+    let half = |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
+    for b in 0..lay.blocks() {
+        let t = lay.subs(b);
+        let blk = w.data().as_ptr().add(lay.at(p, b));
+        let dv = half(blk);
+        let mv = if q4k {
+            half(blk.add(32))
+        } else {
+            [_mm256_setzero_ps(); 2]
+        };
+        for s in 0..t {
+            let sb = b * SUBS + s;
+            let cp = blk.add(Layout::codes_at(f, t, s));
+            _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full).cast());
+            let (ds, dm) = if q4k {
+                let lo = _mm_loadu_si128(blk.add(64 + 16 * s).cast());
+                let mut hi = _mm_loadu_si128(blk.add(64 + 16 * t + 16 * (s / 2)).cast());
+                if s % 2 == 1 {
+                    hi = _mm_srli_epi16::<4>(hi);
+                }
+                let sc = _mm_or_si128(
+                    _mm_and_si128(lo, n4),
+                    _mm_slli_epi16::<4>(_mm_and_si128(hi, n3)),
+                );
+                let mc = _mm_or_si128(
+                    _mm_and_si128(_mm_srli_epi16::<4>(lo), n4),
+                    _mm_slli_epi16::<2>(_mm_and_si128(hi, n12)),
+                );
+                let (scf, mcf) = (bytes_f32(sc, false), bytes_f32(mc, false));
+                (
+                    [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
+                    [_mm256_mul_ps(mv[0], mcf[0]), _mm256_mul_ps(mv[1], mcf[1])],
+                )
+            } else {
+                let scf = bytes_f32(_mm_loadu_si128(blk.add(32 + 16 * s).cast()), true);
+                (
+                    [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
+                    [_mm256_setzero_ps(); 2],
+                )
+            };
+            // Q4K: i16 sums of the whole sub-block (as Q4); Q6K: i32, widened per group.
+            let mut acc = [[_mm256_setzero_si256(); 2]; M];
+            for g in 0..4 {
+                let at = cp.add(g * 64);
+                let v = [
+                    _mm256_loadu_si256(at.cast()),
+                    _mm256_loadu_si256(at.add(32).cast()),
+                ];
+                let mut lo = [_mm256_and_si256(v[0], nib), _mm256_and_si256(v[1], nib)];
+                let mut hi = [
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[0]), nib),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[1]), nib),
+                ];
+                if !q4k {
+                    let hp = cp.add(256 + (g / 2) * 64);
+                    for h in 0..2 {
+                        let hb = _mm256_loadu_si256(hp.add(32 * h).cast());
+                        lo[h] = _mm256_or_si256(lo[h], high_bits(hb, 2 * g));
+                        hi[h] = _mm256_or_si256(hi[h], high_bits(hb, 2 * g + 1));
+                    }
+                }
+                for r in 0..M {
+                    let xr = xq.add(r * k + sb * QSUB + g * 8);
+                    let (xa, xb) = (bx(xr), bx(xr.add(4)));
+                    for h in 0..2 {
+                        let pr = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo[h], xa),
+                            _mm256_maddubs_epi16(hi[h], xb),
+                        );
+                        acc[r][h] = if q4k {
+                            _mm256_add_epi16(acc[r][h], pr)
+                        } else {
+                            _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, ones))
+                        };
+                    }
+                }
+            }
+            for r in 0..M {
+                let sx = _mm256_set1_ps(sxs[r * nsub + sb]);
+                let dx = _mm256_set1_ps(dxs[r * nsub + sb]);
+                for h in 0..2 {
+                    let dot = if q4k {
+                        _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][h], ones))
+                    } else {
+                        _mm256_cvtepi32_ps(acc[r][h])
+                    };
+                    if q4k {
+                        let t = _mm256_fmsub_ps(ds[h], dot, _mm256_mul_ps(dm[h], sx));
+                        y[r][h] = _mm256_fmadd_ps(t, dx, y[r][h]);
+                    } else {
+                        // dot - 32 sum(q) is exact in f32 (integers below 2^24).
+                        let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
+                        y[r][h] = _mm256_fmadd_ps(ds[h], _mm256_mul_ps(c, dx), y[r][h]);
+                    }
+                }
+            }
+        }
+    }
+    for r in 0..M {
+        let mut sums = [0.0f32; QPANEL];
+        _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
+        _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
+        store(job, i0 + r, p, &sums);
+    }
+}
+
 /// # Safety
 /// The CPU supports the tier; `job` satisfies `quant_linear`'s contract; no other thread writes the
 /// columns of `panels`.
 pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
+    let sup = job.w.format.is_super();
     for p in panels {
         let mut i0 = 0;
         while i0 < job.m {
             let m = (job.m - i0).min(MR);
-            match m {
-                1 => tile::<1>(job, p, i0),
-                _ => tile::<2>(job, p, i0),
+            match (m, sup) {
+                (1, false) => tile::<1>(job, p, i0),
+                (_, false) => tile::<2>(job, p, i0),
+                (1, true) => tile_super::<1>(job, p, i0),
+                (_, true) => tile_super::<2>(job, p, i0),
             }
             i0 += m;
         }

@@ -11,7 +11,9 @@
 //! calibration text), `imp[col] * sqrt(sigma2 + w^2)` as llama.cpp's imatrix quantizers use; without,
 //! the data-free `mean|w| + |w|` (Q4) or 1 (Q8).
 
-use super::{f16_to_f32, f32_to_f16, Format, QuantRows};
+use super::fit_k::{fit_q4k, fit_q6k};
+use super::kblock::subs_per_block;
+use super::{f16_to_f32, f32_to_f16, Format, QuantRows, QSUB};
 
 /// Candidate shrink factors of the Q8 scale.
 const Q8_SHRINK: [f32; 5] = [1.0, 0.995, 0.99, 0.985, 0.98];
@@ -38,10 +40,11 @@ pub fn quantize(
     if n.checked_mul(k) != Some(w.len()) {
         return Err(format!("{} values for a [{n}, {k}] matrix", w.len()));
     }
-    if k == 0 || !k.is_multiple_of(bs) {
+    if k == 0 || !k.is_multiple_of(f.granule()) {
         return Err(format!(
-            "its input size k = {k} is not a multiple of the {} block ({bs} values)",
-            f.name()
+            "its input size k = {k} is not a multiple of the {} block ({} values)",
+            f.name(),
+            f.granule()
         ));
     }
     if let Some(bad) = w.iter().position(|v| !v.is_finite()) {
@@ -63,41 +66,53 @@ pub fn quantize(
             return Err("the importance vector must be finite and >= 0".into());
         }
     }
-    let nb = k / bs;
+    let nb = k.div_ceil(bs);
+    let per = if f.is_super() { subs_per_block(f) } else { 0 };
     let mut q = QuantRows::zeros(f, n, k);
     let threads = opt.threads.clamp(1, n.max(1));
     let rows_per = n.div_ceil(threads).max(1);
-    let mut min_chunks: Vec<&mut [f32]> = if f == Format::Q4 {
-        q.mins.chunks_mut(rows_per * nb).collect()
-    } else {
-        Vec::new()
-    };
+    let mut min_chunks: Vec<&mut [f32]> = q.mins.chunks_mut(rows_per * nb).collect();
+    let sub_len = (rows_per * k / QSUB * per).max(1);
+    let mut sub_chunks: Vec<&mut [u8]> = q.subs.chunks_mut(sub_len).collect();
     std::thread::scope(|s| {
         let mut mins_iter = min_chunks.iter_mut();
+        let mut subs_iter = sub_chunks.iter_mut();
         for (t, (codes, scales)) in q
             .codes
             .chunks_mut(rows_per * k)
             .zip(q.scales.chunks_mut(rows_per * nb))
             .enumerate()
         {
-            let mins: Option<&mut [f32]> = mins_iter.next().map(|m| &mut **m);
+            let mut mins: Option<&mut [f32]> = mins_iter.next().map(|m| &mut **m);
+            let mut subs: Option<&mut [u8]> = subs_iter.next().map(|m| &mut **m);
             let rows = &w[t * rows_per * k..(t * rows_per * k + codes.len()).min(w.len())];
             let imp = opt.importance;
             s.spawn(move || {
-                let mut mins = mins;
                 for (r, row) in rows.chunks_exact(k).enumerate() {
                     for b in 0..nb {
-                        let x = &row[b * bs..(b + 1) * bs];
-                        let wi = imp.map(|v| &v[b * bs..(b + 1) * bs]);
-                        let c = &mut codes[r * k + b * bs..r * k + (b + 1) * bs];
+                        let cols = b * bs..((b + 1) * bs).min(k);
+                        let x = &row[cols.clone()];
+                        let wi = imp.map(|v| &v[cols.clone()]);
+                        let c = &mut codes[r * k + cols.start..r * k + cols.end];
+                        // This super-block's sub-block scales (within this thread's rows).
+                        let sub =
+                            (r * k + cols.start) / QSUB * per..(r * k + cols.end) / QSUB * per;
                         match f {
                             Format::Q8 => scales[r * nb + b] = fit_q8(x, wi, c),
                             Format::Q4 => {
                                 let (d, m) = fit_q4(x, wi, c);
                                 scales[r * nb + b] = d;
-                                if let Some(ms) = mins.as_deref_mut() {
-                                    ms[r * nb + b] = m;
-                                }
+                                mins.as_deref_mut().expect("q4 has mins")[r * nb + b] = m;
+                            }
+                            Format::Q4K => {
+                                let sv = &mut subs.as_deref_mut().expect("q4k has subs")[sub];
+                                let (d, m) = fit_q4k(x, wi, c, sv);
+                                scales[r * nb + b] = d;
+                                mins.as_deref_mut().expect("q4k has mins")[r * nb + b] = m;
+                            }
+                            Format::Q6K => {
+                                let sv = &mut subs.as_deref_mut().expect("q6k has subs")[sub];
+                                scales[r * nb + b] = fit_q6k(x, wi, c, sv);
                             }
                         }
                     }
@@ -116,7 +131,11 @@ pub fn quantize(
     Ok(q)
 }
 
-fn error_weights(x: &[f32], imp: Option<&[f32]>, data_free: impl Fn(f32) -> f32) -> Vec<f32> {
+pub(crate) fn error_weights(
+    x: &[f32],
+    imp: Option<&[f32]>,
+    data_free: impl Fn(f32) -> f32,
+) -> Vec<f32> {
     match imp {
         Some(imp) => {
             let sigma2 = 2.0 * x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
@@ -163,14 +182,32 @@ fn fit_q4(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8]) -> (f32, f32) {
     let n = x.len() as f32;
     let av = x.iter().map(|v| v.abs()).sum::<f32>() / n;
     let wt = error_weights(x, imp, |v| av + v.abs());
-    let lo = x.iter().fold(f32::INFINITY, |a, &v| a.min(v));
+    let (d, m) = fit_grid(x, &wt, false);
+    let (d, m) = (f16_to_f32(f32_to_f16(d)), f16_to_f32(f32_to_f16(m)));
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = if d > 0.0 {
+            ((v - m) / d).round().clamp(0.0, 15.0) as u8
+        } else {
+            0
+        };
+    }
+    (d, m)
+}
+
+/// The asymmetric 16-level grid d * c + m (c in 0..=15) of least weighted error among 21 trials
+/// (unrounded); `nonpos_min` keeps m <= 0 (Q4K subtracts an unsigned min).
+pub(crate) fn fit_grid(x: &[f32], wt: &[f32], nonpos_min: bool) -> (f32, f32) {
+    let mut lo = x.iter().fold(f32::INFINITY, |a, &v| a.min(v));
     let hi = x.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+    if nonpos_min {
+        lo = lo.min(0.0);
+    }
     let (mut d, mut m) = (0.0f32, lo);
     if hi > lo {
         let err_of = |d: f32, m: f32, q: &[f32]| -> f32 {
             x.iter()
                 .zip(q)
-                .zip(&wt)
+                .zip(wt)
                 .map(|((&v, &c), &w)| w * (d * c + m - v).powi(2))
                 .sum()
         };
@@ -189,7 +226,7 @@ fn fit_q4(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8]) -> (f32, f32) {
             // Weighted least squares for (d, m) given the codes.
             let (mut sw, mut sq, mut sq2, mut sx, mut sqx) =
                 (0.0f32, 0.0f32, 0.0f32, 0.0f32, 0.0f32);
-            for ((&v, &c), &w) in x.iter().zip(&q).zip(&wt) {
+            for ((&v, &c), &w) in x.iter().zip(&q).zip(wt) {
                 sw += w;
                 sq += w * c;
                 sq2 += w * c * c;
@@ -200,20 +237,16 @@ fn fit_q4(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8]) -> (f32, f32) {
             if det <= 0.0 {
                 continue;
             }
-            let (dd, mm) = ((sw * sqx - sq * sx) / det, (sq2 * sx - sq * sqx) / det);
+            let (mut dd, mut mm) = ((sw * sqx - sq * sx) / det, (sq2 * sx - sq * sqx) / det);
+            if nonpos_min && mm > 0.0 {
+                // The best grid with m = 0 for these codes.
+                (dd, mm) = (if sq2 > 0.0 { sqx / sq2 } else { 0.0 }, 0.0);
+            }
             let e = err_of(dd, mm, &q);
             if e < best_err && dd > 0.0 {
                 (d, m, best_err) = (dd, mm, e);
             }
         }
-    }
-    let (d, m) = (f16_to_f32(f32_to_f16(d)), f16_to_f32(f32_to_f16(m)));
-    for (c, &v) in codes.iter_mut().zip(x) {
-        *c = if d > 0.0 {
-            ((v - m) / d).round().clamp(0.0, 15.0) as u8
-        } else {
-            0
-        };
     }
     (d, m)
 }

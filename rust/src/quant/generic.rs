@@ -2,11 +2,13 @@
 //!
 //! Numerical contract: exact i32 dot products per 32-block; each block's contribution
 //! `d * ((254 * dot + dot2) * dx')` (Q8, coarse and residual codes) or `(d * dot + m * sum(q)) * dx`
-//! (Q4) is added to the output in k order with
+//! (Q4), `(ds * dot - dm * sum(q)) * dx` (Q4K) or `ds * ((dot - 32 sum(q)) * dx)` (Q6K) is added to
+//! the output in k order with
 //! plain multiplies and adds (no fused multiply-add); then the bias.
 
 use std::ops::Range;
 
+use super::kblock::{code, sub_scales, super_bytes, Layout, SUBS};
 use super::{f16_to_f32, quantize_block, store, Format, Job, QActs, LO, QPANEL, QSUB};
 
 /// # Safety
@@ -24,6 +26,10 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
 pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
     let w = job.w;
     let (f, k) = (w.format, w.k());
+    if f.is_super() {
+        // SAFETY: forwarded.
+        return unsafe { panels_super(job, panels) };
+    }
     let (bs, bb, nb, nsub) = (f.block(), f.block_bytes(), k / f.block(), k / QSUB);
     let data = w.data();
     for p in panels {
@@ -41,7 +47,7 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                             let kk = h * QSUB + t;
                             let c = match f {
                                 Format::Q8 => blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] as i32 - 128,
-                                Format::Q4 => {
+                                _ => {
                                     let (g, hi, u) = (kk / 8, (kk % 8) / 4, kk % 4);
                                     ((blk[64 + g * 64 + r * 4 + u] >> (4 * hi)) & 0x0f) as i32
                                 }
@@ -56,7 +62,7 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                                 let fine = LO * dot + dot2;
                                 d * (fine as f32 * a.d_fine[i * nsub + sb])
                             }
-                            Format::Q4 => {
+                            _ => {
                                 let d =
                                     f16_to_f32(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]));
                                 let m = f16_to_f32(u16::from_le_bytes([
@@ -68,6 +74,45 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                             }
                         };
                         *sum += contrib;
+                    }
+                }
+            }
+            // SAFETY: forwarded from the caller (this task owns panel p's columns).
+            unsafe { store(job, i, p, &sums) };
+        }
+    }
+}
+
+/// The super-block formats (`kblock`), one sub-block of 32 at a time.
+///
+/// # Safety
+/// As `panels`.
+unsafe fn panels_super(job: &Job<'_>, panels: Range<usize>) {
+    let w = job.w;
+    let (f, k) = (w.format, w.k());
+    let (lay, nsub) = (Layout::new(f, k), k / QSUB);
+    let a = job.acts;
+    for p in panels {
+        for i in 0..job.m {
+            let xq = &a.q[i * k..(i + 1) * k];
+            let mut sums = [0.0f32; QPANEL];
+            for (r, sum) in sums.iter_mut().enumerate() {
+                for b in 0..lay.blocks() {
+                    let t = lay.subs(b);
+                    let blk = &w.data()[lay.at(p, b)..lay.at(p, b) + super_bytes(f, t)];
+                    for s in 0..t {
+                        let sb = b * SUBS + s;
+                        let mut dot = 0i32;
+                        for kk in 0..QSUB {
+                            dot += code(f, blk, t, s, r, kk) as i32 * xq[sb * QSUB + kk] as i32;
+                        }
+                        let (ds, dm) = sub_scales(f, blk, t, s, r);
+                        let (dx, sx) = (a.d[i * nsub + sb], a.s[i * nsub + sb]);
+                        *sum += match f {
+                            Format::Q4K => (ds * dot as f32 - dm * sx) * dx,
+                            // dot - 32 sum(q): exact integers below 2^24 in f32.
+                            _ => ds * ((dot as f32 - 32.0 * sx) * dx),
+                        };
                     }
                 }
             }
