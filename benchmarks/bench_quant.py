@@ -114,6 +114,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     p.add_argument("--isa", choices=["native", "avx2"], default="native")
+    p.add_argument("--out", default=None, help="results/OUT.json (default quant, or quant_avx2 with --isa avx2)")
     a = p.parse_args()
     triad = start(a.isa)
     rows: list = []
@@ -124,7 +125,8 @@ def main() -> None:
     say(f"\nSTREAM triad at the end {end:.1f} GB/s")
     out = {"triad_gbs": triad, "triad_gbs_end": end, "rounds": a.rounds, "cpu_flags": cpu_flags(), "isa": a.isa,
            "rows": rows, "headers": HEADERS}  # fmt: skip
-    say(f"saved {save('quant' if a.isa == 'native' else 'quant_avx2', out)}")
+    name = a.out or ("quant" if a.isa == "native" else "quant_avx2")
+    say(f"saved {save(name, out)}")
 
 
 if __name__ == "__main__":
