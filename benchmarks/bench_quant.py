@@ -100,7 +100,7 @@ def bench(name: str, rounds: int, kind: str, rows: list) -> None:
             for p in PEERS:
                 row += [med[c]["pp"] / med[p]["pp"], med[c]["tg"] / med[p]["tg"]]
             rows.append(row + [floor * med[c]["tg"]])
-        say(table(HEADERS, rows[-len(t):]))
+        say(table(HEADERS, rows[-len(t) :]))
         say(f"  llama.cpp: {sysinfo.strip()}")
     finally:
         for w in workers.values():
