@@ -20,6 +20,7 @@ def test_detected_tiers_match_cpu_flags() -> None:
     assert tiers[0] == "generic"
     assert ("avx2" in tiers) == ({"avx2", "fma"} <= flags)
     assert ("avx512" in tiers) == ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags)
+    assert ("avxvnni" in tiers) == ({"avx2", "fma", "f16c", "avx_vnni"} <= flags)  # /proc/cpuinfo's name
     assert kwker_torch.isa() == tiers[-1]  # default: the best tier
 
 

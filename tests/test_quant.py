@@ -230,3 +230,15 @@ def test_damaged_or_foreign_saves_are_refused(tmp_path: object) -> None:
     open(path, "wb").write(open(os.path.join(good, "weights.safetensors"), "rb").read()[:5000])
     with pytest.raises(ValueError, match="weights.safetensors (is damaged|lacks or cannot read)"):
         KwkDecoder.load(cut)
+
+
+def test_int4_plan_keeps_the_ends_at_6_bits_only_below_a_billion_weights() -> None:
+    """Below plan.LARGE_WEIGHTS the first and last layers' qkv and down are q6k; from it up only the
+    embedding/lm_head are (SmolLM2-1.7B's int4 then reads no more bits than llama.cpp's Q4_0 file)."""
+    small = plan.plan("int4", 24, weights=360_000_000)
+    large = plan.plan("int4", 24, weights=1_700_000_000)
+    assert [small(kind, layer) for kind in ("down", "qkv") for layer in (0, 5, 23)] == ["q6k", "q4k", "q6k"] * 2
+    assert [large(kind, layer) for kind in ("down", "qkv") for layer in (0, 5, 23)] == ["q4k"] * 6
+    assert large("lm_head", 0) == large("embed", 0) == "q6k"
+    assert plan.plan("int4", 24, None, (("down", "all"),), weights=2_000_000_000)("down", 5) == "q6k"
+    assert plan.plan("int8", 24, weights=2_000_000_000)("down", 0) == "q8"

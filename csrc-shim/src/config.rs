@@ -15,6 +15,7 @@ fn code(isa: Isa) -> u8 {
         Isa::Generic => 0,
         Isa::Avx2 => 1,
         Isa::Avx512 => 2,
+        Isa::AvxVnni => 3,
     }
 }
 
@@ -22,6 +23,7 @@ fn from_code(c: u8) -> Isa {
     match c {
         1 => Isa::Avx2,
         2 => Isa::Avx512,
+        3 => Isa::AvxVnni,
         _ => Isa::Generic,
     }
 }
@@ -51,13 +53,14 @@ pub fn thread_cap() -> usize {
     from_env
 }
 
-/// Name of the tier in use ("generic", "avx2", "avx512"); a static string.
+/// Name of the tier in use ("generic", "avx2", "avxvnni", "avx512"); a static string.
 #[no_mangle]
 pub extern "C" fn kwker_isa_name() -> *const c_char {
     // Static C strings, one per tier, so the pointer stays valid forever.
     let name: &'static CStr = match current_isa() {
         Isa::Generic => c"generic",
         Isa::Avx2 => c"avx2",
+        Isa::AvxVnni => c"avxvnni",
         Isa::Avx512 => c"avx512",
     };
     name.as_ptr()

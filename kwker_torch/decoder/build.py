@@ -102,7 +102,8 @@ def from_hf(
     if precision not in PRECISIONS:
         raise ValueError(f"kwker: unknown precision {precision!r}; expected one of {PRECISIONS}")
     fam, recipe = check_model(model)
-    choose = plan.plan(precision, recipe["layers"], formats, fam.sensitive)
+    weights = sum(p.numel() for p in model.parameters())
+    choose = plan.plan(precision, recipe["layers"], formats, fam.sensitive, weights=weights)
     max_batch, max_context = _limits(model, recipe, max_batch, max_context)
     wanted = native.recipe_tensors(recipe)
     with torch.no_grad():

@@ -59,6 +59,11 @@ CALIB_CHUNK = 512
 # int4's matrices kept at 6 bits (INT4_SENSITIVE), by kind and by layer position: (kind, which layers).
 # "ends" = the first and last layer. Measured on the real SmolLM2-135M (quality tool, Austen text).
 SENSITIVE: tuple[tuple[str, str], ...] = (("down", "ends"), ("qkv", "ends"))
+# From this many weights up, int4 keeps only the embedding/lm_head at 6 bits ("ends" rules are dropped): a
+# deep, wide model's first and last layers carry a smaller share of its error, and their 6 bits would cost
+# SmolLM2-1.7B 0.06 bits per weight, more than llama.cpp's Q4_0 file (4.62 bits, its output at Q6_K). Not
+# measured on real weights of that size (none is available offline); "all" rules still apply.
+LARGE_WEIGHTS = 1_000_000_000
 # int4's formats: the layer matrices, the sensitive ones, the embedding/lm_head (measured on the real
 # SmolLM2-135M with the quality tool; BENCHMARKS.md, issue 18).
 INT4_BODY, INT4_SENSITIVE, INT4_EMBEDDING = "q4k", "q6k", "q6k"
@@ -69,12 +74,15 @@ KEEP: tuple[str, ...] = ("router",)
 
 def plan(
     precision: str, layers: int, formats: dict[str, str] | None = None,
-    sensitive: tuple[tuple[str, str], ...] | None = None, keep: tuple[str, ...] = KEEP,
+    sensitive: tuple[tuple[str, str], ...] | None = None, keep: tuple[str, ...] = KEEP, weights: int = 0,
 ) -> Callable[[str, int], str]:
     """The format ("preserve" or one of ``QUANT``) of matrix ``kind`` of ``layer`` (0 for model-level matrices).
     ``sensitive``: the family's int4 matrices kept at 6 bits (default ``SENSITIVE``); ``keep``: kinds kept as
-    the checkpoint stores them at every precision (default ``KEEP``: the routers)."""
+    the checkpoint stores them at every precision (default ``KEEP``: the routers); ``weights``: the model's
+    parameter count (from ``LARGE_WEIGHTS`` up, the "ends" rules are dropped)."""
     keep8 = SENSITIVE if sensitive is None else sensitive
+    if weights >= LARGE_WEIGHTS:
+        keep8 = tuple((k, which) for k, which in keep8 if which != "ends")
     overrides: dict[str, str] = {}
     for key, val in dict(formats or {}).items():
         kind, _, layer = key.partition(".")

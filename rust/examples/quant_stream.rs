@@ -14,15 +14,25 @@ use kwker_kernels::par::Parallel;
 use kwker_kernels::pool::SpinPool;
 use kwker_kernels::quant::{quant_linear, quantize, Format, QuantOptions, QuantWeight};
 
-/// Bytes of weights cycled through per format: well past the last-level cache.
-const TOTAL: usize = 384 << 20;
+/// Bytes of weights cycled through per format: well past the last-level cache (`KWKER_STREAM_MB`
+/// overrides it, e.g. 8 to measure the kernels' in-cache rate).
+fn total() -> usize {
+    let mb = std::env::var("KWKER_STREAM_MB")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    mb.unwrap_or(384) << 20
+}
 const ROUNDS: usize = 5;
 
 fn rng_vec(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -51,6 +61,7 @@ fn read_gbs(pool: &SpinPool, data: &[u64]) -> f64 {
 }
 
 fn main() {
+    let total = total();
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -67,15 +78,18 @@ fn main() {
     ];
     let tier = isa::best();
     let pool = SpinPool::new(2);
-    let words = vec![1u64; TOTAL / 8];
+    let words = vec![1u64; total / 8];
     println!(
         "tier {} ({}), 2 threads; 2-thread read of {} MB: {:.1} GB/s",
         tier.name(),
         kwker_kernels::quant::kernel_name(tier),
-        TOTAL >> 20,
+        total >> 20,
         read_gbs(&pool, &words)
     );
-    println!("format shape n x k: GB/s per matrix (median of {ROUNDS} passes over {} MB)", TOTAL >> 20);
+    println!(
+        "format shape n x k: GB/s per matrix (median of {ROUNDS} passes over {} MB)",
+        total >> 20
+    );
     for f in [Format::Q4K, Format::Q6K, Format::Q4, Format::Q8] {
         let opt = QuantOptions {
             format: f,
@@ -88,7 +102,7 @@ fn main() {
             .map(|&(_, n, k)| QuantWeight::pack(&quantize(&rng_vec(n * k, 7), n, k, &opt).unwrap()))
             .collect();
         let layer: usize = base.iter().map(|w| w.bytes()).sum();
-        let copies = TOTAL.div_ceil(layer);
+        let copies = total.div_ceil(layer);
         let layers: Vec<Vec<QuantWeight>> = (0..copies).map(|_| base.clone()).collect();
         let x: Vec<Vec<f32>> = shapes.iter().map(|&(_, _, k)| rng_vec(k, 3)).collect();
         let mut y: Vec<Vec<f32>> = shapes.iter().map(|&(_, n, _)| vec![0.0; n]).collect();

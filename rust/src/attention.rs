@@ -113,7 +113,7 @@ impl Ops {
                 softcap: crate::vmath::avx512::softcap,
             },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => Ops {
+            Isa::Avx2 | Isa::AvxVnni => Ops {
                 qk: avx2::qk,
                 pv: avx2::pv,
                 exp_sum: avx2::exp_sum,

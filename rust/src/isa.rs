@@ -15,19 +15,25 @@ pub enum Isa {
     Generic,
     /// x86-64 AVX2 + FMA (256-bit vectors).
     Avx2,
+    /// AVX2 + FMA + F16C and AVX-VNNI (VEX `vpdpbusd`, 256-bit): the AVX2 kernels but for the
+    /// quantized linears, which take `vpdpbusd` (client CPUs without AVX-512: Intel Alder Lake and
+    /// later). Not implied by `Avx512` (Zen 4 has AVX-512 VNNI but not AVX-VNNI), so tiers are
+    /// ordered by capability, each checked on its own.
+    AvxVnni,
     /// x86-64 AVX-512 F/BW/VL/DQ + FMA (512-bit vectors, masked tails).
     Avx512,
 }
 
 impl Isa {
     /// Every tier, least capable first.
-    pub const ALL: [Isa; 3] = [Isa::Generic, Isa::Avx2, Isa::Avx512];
+    pub const ALL: [Isa; 4] = [Isa::Generic, Isa::Avx2, Isa::AvxVnni, Isa::Avx512];
 
     /// Lower-case name, as accepted by `KWKER_ISA`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Generic => "generic",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
         }
     }
@@ -56,6 +62,12 @@ impl Isa {
                     && std::arch::is_x86_feature_detected!("fma")
             }
             #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => {
+                Isa::Avx2.cpu_has()
+                    && std::arch::is_x86_feature_detected!("f16c")
+                    && std::arch::is_x86_feature_detected!("avxvnni")
+            }
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 Isa::Avx2.cpu_has()
                     && std::arch::is_x86_feature_detected!("avx512f")
@@ -77,7 +89,9 @@ pub fn ceiling() -> Isa {
         match request.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
             None => Isa::Avx512,
             Some(r) => Isa::from_name(r).unwrap_or_else(|| {
-                eprintln!("kwker: KWKER_ISA_MAX={r} is not one of generic|avx2|avx512; ignored");
+                eprintln!(
+                    "kwker: KWKER_ISA_MAX={r} is not one of generic|avx2|avxvnni|avx512; ignored"
+                );
                 Isa::Avx512
             }),
         }
@@ -132,7 +146,7 @@ fn resolve(
         None => (
             best,
             Some(format!(
-                "kwker: KWKER_ISA={req} is not one of generic|avx2|avx512; using {}",
+                "kwker: KWKER_ISA={req} is not one of generic|avx2|avxvnni|avx512; using {}",
                 best.name()
             )),
         ),

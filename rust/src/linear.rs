@@ -208,7 +208,7 @@ impl Tier {
                 gemv_max_m: avx512::GEMV_MAX_M,
             },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => Tier {
+            Isa::Avx2 | Isa::AvxVnni => Tier {
                 gemv: avx2::gemv,
                 gemm: avx2::gemm,
                 mr: avx2::MR,

@@ -192,7 +192,7 @@ fn tier(isa: Isa) -> PanelFn {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => avx512::panels,
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => avx2::panels,
+        Isa::Avx2 | Isa::AvxVnni => avx2::panels,
         _ => generic::panels,
     }
 }

@@ -20,8 +20,9 @@
 //! `d * (dot * dx')` (Q8), `(d * dot + m * sum(q)) * dx` (Q4), `(ds * dot - dm * sum(q)) * dx` (Q4K,
 //! ds = d * sc and dm = dmin * mc exact) or `ds * ((dot - 32 sum(q)) * dx)` (Q6K, dot over the
 //! unsigned codes) to an f32 accumulator, in k order;
-//! the bias last. Tiers differ from the scalar reference only in fused multiply-add rounding, so the
-//! result is a float linear of the dequantized weights and the rounded activations, up to f32 rounding.
+//! the bias last. Tiers differ from the scalar reference only in fused multiply-add rounding (and the
+//! AVX2 tier's Q4K in the order of the same terms, see `avx2`), so the result is a float linear of the
+//! dequantized weights and the rounded activations, up to f32 rounding.
 
 mod generic;
 
@@ -29,6 +30,8 @@ mod generic;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avxvnni;
 mod f16;
 mod fit;
 mod fit_k;
@@ -411,7 +414,10 @@ impl QuantWeight {
 ///   |s| <= 32 * 127, so that a Q4 kernel's per-block epilogue broadcasts it without a conversion), what
 ///   Q4 matrices read;
 /// - plus `q2`, `d_fine`, `s_fine`: the residual's codes, so that x ~ d_fine * (254 * q + q2) with
-///   d_fine = d / 254 (about 15 bits; s_fine = 254 * s + sum of q2), what Q8 matrices read.
+///   d_fine = d / 254 (about 15 bits; s_fine = 254 * s + sum of q2), what Q8 matrices read;
+/// - `fine`: 254 * q + q2 as one i16 per value (|.| <= 32385), written by the AVX2 tier only (its Q8
+///   kernel multiplies i16 pairs with `vpmaddwd`, one product per weight instead of two), empty
+///   otherwise.
 #[derive(Default)]
 pub struct QActs {
     pub q: Vec<i8>,
@@ -420,6 +426,7 @@ pub struct QActs {
     pub s: Vec<f32>,
     pub d_fine: Vec<f32>,
     pub s_fine: Vec<i32>,
+    pub fine: Vec<i16>,
 }
 
 /// One 32-block's scales and sums (see `QActs`).
@@ -501,13 +508,16 @@ pub(crate) struct Job<'a> {
 type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
 type QuantizeFn = unsafe fn(&[f32], &mut QActs);
 
-/// The kernels for `isa`: AVX-512 with VNNI (`vpdpbusd`), else AVX2 (`vpmaddubsw`; it also serves
-/// AVX-512 CPUs without VNNI), else scalar.
+/// The kernels for `isa`: AVX-512 with VNNI (`vpdpbusd`), else AVX-VNNI (256-bit `vpdpbusd`), else
+/// AVX2 (`vpmaddubsw`; it also serves AVX-512 CPUs without VNNI), else scalar.
 fn tier(isa: Isa) -> (PanelFn, QuantizeFn, &'static str) {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 && avx512::usable() {
             return (avx512::panels, avx512::quantize_rows, "avx512vnni");
+        }
+        if isa >= Isa::AvxVnni && avxvnni::usable() {
+            return (avxvnni::real::panels, avx2::quantize_rows, "avxvnni");
         }
         if isa >= Isa::Avx2 && avx2::usable() {
             return (avx2::panels, avx2::quantize_rows, "avx2");
@@ -588,7 +598,48 @@ pub fn quant_linear(
     if m == 0 || n == 0 {
         return;
     }
-    let panel_fn = tier(isa).0;
+    linear_with(isa, tier(isa).0, par, x, m, w, bias, y);
+}
+
+/// The AVX-VNNI tier's kernels over an exact AVX2 emulation of `vpdpbusd`: how its logic is tested
+/// on CPUs without AVX-VNNI (the instruction itself is tested where the CPU has it, as the
+/// `avxvnni` tier of `quant_linear`). `quant_linear`'s contract; panics without AVX2.
+#[doc(hidden)]
+pub fn quant_linear_vnni_emulated(
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    assert!(
+        cfg!(target_arch = "x86_64") && Isa::Avx2.is_supported(),
+        "quant_linear_vnni_emulated needs AVX2"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (n, k) = (w.n, w.k);
+        assert!(x.len() == m * k && y.len() == m * n && bias.is_none_or(|b| b.len() == n));
+        if m > 0 && n > 0 {
+            linear_with(Isa::Avx2, avxvnni::emulated::panels, par, x, m, w, bias, y);
+        }
+    }
+}
+
+/// `quant_linear` after its checks: x quantized by `isa`'s tier, then `panel_fn` over the panels.
+#[allow(clippy::too_many_arguments)]
+fn linear_with(
+    isa: Isa,
+    panel_fn: PanelFn,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let (n, k) = (w.n, w.k);
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
         quantize_activations(isa, x, &mut acts);

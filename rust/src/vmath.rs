@@ -48,7 +48,7 @@ pub fn act_mul(isa: Isa, act: Act, g: &[f32], u: &[f32], out: &mut [f32]) {
         Isa::Avx512 => unsafe { avx512::act_mul(act, g, u, out) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::act_mul(act, g, u, out) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::act_mul(act, g, u, out) },
         _ => generic::act_mul(act, g, u, out),
     }
 }
@@ -61,7 +61,7 @@ pub fn act_in_place(isa: Isa, act: Act, x: &mut [f32]) {
         Isa::Avx512 => unsafe { avx512::act_in_place(act, x) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::act_in_place(act, x) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::act_in_place(act, x) },
         _ => generic::act_in_place(act, x),
     }
 }
@@ -74,7 +74,7 @@ pub fn softcap(isa: Isa, x: &mut [f32], cap: f32) {
         Isa::Avx512 => unsafe { avx512::softcap(x, cap) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { avx2::softcap(x, cap) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::softcap(x, cap) },
         _ => generic::softcap(x, cap),
     }
 }

@@ -8,11 +8,12 @@ mod common;
 
 use common::Rng;
 use kwker_kernels::isa;
-use kwker_kernels::par::{ScopedThreads, Serial};
+use kwker_kernels::par::{Parallel, ScopedThreads, Serial};
 use kwker_kernels::pool::SpinPool;
 use kwker_kernels::quant::{
-    kernel_name, quant_linear, quant_linear_group, quantize, quantize_activations, quantize_block,
-    Format, GroupItem, QActs, QuantOptions, QuantWeight, LO, QSUB,
+    kernel_name, quant_linear, quant_linear_group, quant_linear_vnni_emulated, quantize,
+    quantize_activations, quantize_block, Format, GroupItem, QActs, QuantOptions, QuantWeight, LO,
+    QSUB,
 };
 
 fn opts(format: Format) -> QuantOptions<'static> {
@@ -64,30 +65,35 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
     let b = bias.then(|| rng.vec(n));
     let w = QuantWeight::pack(&quantize(&wf, n, k, &opts(format)).unwrap());
     let (want, scale) = reference(&x, m, &w, b.as_deref());
-    for tier in isa::supported() {
-        for threads in [1, 3] {
+    let check = |got: &[f32], what: &str, threads: usize| {
+        for (i, ((g, r), s)) in got.iter().zip(&want).zip(&scale).enumerate() {
+            assert!(
+                (*g as f64 - r).abs() <= 2e-6 * s + 1e-30,
+                "{what} {format:?} m={m} n={n} k={k} bias={bias} threads={threads}: element {i}: {g} vs {r}"
+            );
+        }
+    };
+    for threads in [1, 3] {
+        let par: &dyn Parallel = if threads == 1 {
+            &Serial
+        } else {
+            &ScopedThreads(threads)
+        };
+        for tier in isa::supported() {
             let mut got = vec![f32::NAN; m * n];
-            if threads == 1 {
-                quant_linear(tier, &Serial, &x, m, &w, b.as_deref(), &mut got);
-            } else {
-                quant_linear(
-                    tier,
-                    &ScopedThreads(threads),
-                    &x,
-                    m,
-                    &w,
-                    b.as_deref(),
-                    &mut got,
-                );
-            }
-            for (i, ((g, r), s)) in got.iter().zip(&want).zip(&scale).enumerate() {
-                assert!(
-                    (*g as f64 - r).abs() <= 2e-6 * s + 1e-30,
-                    "{} ({}) {format:?} m={m} n={n} k={k} bias={bias} threads={threads}: element {i}: {g} vs {r}",
-                    tier.name(),
-                    kernel_name(tier)
-                );
-            }
+            quant_linear(tier, par, &x, m, &w, b.as_deref(), &mut got);
+            check(
+                &got,
+                &format!("{} ({})", tier.name(), kernel_name(tier)),
+                threads,
+            );
+        }
+        // The AVX-VNNI tier's kernels over an exact AVX2 emulation of vpdpbusd, wherever AVX2 is
+        // (the instruction itself runs above as the avxvnni tier where the CPU has it).
+        if isa::Isa::Avx2.is_supported() {
+            let mut got = vec![f32::NAN; m * n];
+            quant_linear_vnni_emulated(par, &x, m, &w, b.as_deref(), &mut got);
+            check(&got, "avxvnni kernels (emulated vpdpbusd)", threads);
         }
     }
 }
@@ -219,6 +225,13 @@ fn activation_codes_are_bit_identical_in_every_tier() {
         assert_eq!(got.q2, want.q2, "{}: residual codes", tier.name());
         assert_eq!(got.d_fine, want.d_fine, "{}: fine scales", tier.name());
         assert_eq!(got.s_fine, want.s_fine, "{}: fine sums", tier.name());
+        if kernel_name(tier) == "avx2" {
+            // The AVX2 tier's one-i16 form of both codes, what its Q8 kernel reads.
+            let fine: Vec<i16> = (want.q.iter().zip(&want.q2))
+                .map(|(&q, &q2)| (LO * q as i32 + q2 as i32) as i16)
+                .collect();
+            assert_eq!(got.fine, fine, "avx2: fine codes");
+        }
     }
 }
 

@@ -2,19 +2,26 @@
 //! unsigned by signed bytes into i16 pairs, `vpmaddwd` by ones widens them to i32. A 16-row panel is
 //! two 256-bit halves (rows 0-7, rows 8-15); up to 2 x rows share each loaded weight vector.
 //!
-//! - Q8 (signed codes, after `^ 0x80`): the sign trick, |w| times x carrying w's sign, keeps every
-//!   i16 pair sum within 2 * 127 * 127, so nothing saturates; both activation codes (coarse and
-//!   residual) are read and combined in i32.
+//! - Q8 (codes stored + 128): the activations' coarse and residual codes combined into one i16
+//!   (254 * q + q2, `QActs::fine`), so one `vpmaddwd` on the widened weight bytes makes both products
+//!   at once, exact in i32; the + 128 is taken off with the activations' sum (`s_fine`).
 //! - Q4 (codes 0..=15): no sign trick; a whole 32-block's pair sums (8 per lane, each within
 //!   2 * 15 * 127) add up in i16 without saturating before one widening.
 //!
-//! - Q4K: as Q4 per 32-value sub-block, with each sub-block's 6-bit scales and mins unpacked to f32.
+//! - Q4K: as Q4 per 32-value sub-block; the 6-bit scale multiplies the i16 sums in the widening
+//!   `vpmaddwd` (no float conversion), the super-block's f16 scale once per super-block.
 //! - Q6K (codes 0..=63): a pair sum is within 2 * 63 * 127 and the low and high nibbles' two within
 //!   i16, so each group of 8 k is widened to i32 before the next is added.
 //!
-//! Numerical contract: as the scalar tier, except that each block's contribution is added with a
-//! fused multiply-add (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`, for Q4K
-//! `ds * dot - dm * sum(q)`).
+//! Numerical contract: exact integer sums per 32-block as the scalar tier; each block's contribution
+//! is added with fused multiply-adds (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`), and Q4K
+//! in its own order: `y += d * sum_s((sc * dot) * dx) - sum_s((dmin * mc) * (sum(q) * dx))` (the
+//! same value as the scalar tier's to float32 rounding). Rows of one call are computed alike,
+//! whichever tile they fall in.
+//!
+//! Weights are prefetched ahead of the block being read, every cache line of it: on a Zen 3 (AVX2,
+//! no AVX-512) a layer's q4 / q4k / q6k matrices streamed at 0.43-0.62 of a plain 2-thread read with
+//! one line prefetched, 0.82-0.99 with every line (`benchmarks/bench_matrices.py`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -66,6 +73,7 @@ unsafe fn store_codes(c: [__m256i; 4], out: *mut i8) {
 /// The CPU supports the tier (`usable`); `acts` sized for x (`quantize_activations`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
+    acts.fine.resize(x.len(), 0);
     let sign = _mm256_set1_ps(-0.0);
     let (lo, hi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
     for b in 0..x.len() / QSUB {
@@ -109,8 +117,32 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
         };
         store_codes(c, acts.q.as_mut_ptr().add(b * QSUB));
         store_codes(c2, acts.q2.as_mut_ptr().add(b * QSUB));
+        // fine = LO * q + q2 (within i16: |.| <= 254 * 127 + 127), in k order for the Q8 kernel.
+        let lo = _mm256_set1_epi32(LO);
+        let f: [__m256i; 4] =
+            std::array::from_fn(|h| _mm256_add_epi32(_mm256_mullo_epi32(c[h], lo), c2[h]));
+        for (h, pair) in [(0, [f[0], f[1]]), (1, [f[2], f[3]])] {
+            // packs interleaves the two inputs' 128-bit halves; the permute restores k order.
+            let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(pair[0], pair[1]));
+            _mm256_storeu_si256(acts.fine.as_mut_ptr().add(b * QSUB + 16 * h).cast(), v);
+        }
         let (s1, s2) = (sum(c), sum(c2));
         acts.put(b, BlockCodes::new(dd, s1, s2));
+    }
+}
+
+/// Prefetches the weights ahead of `blk`: every line of the Q4 block 8 ahead (as the AVX-512 tier),
+/// one line of Q8's longer block 2 ahead. Prefetches past the matrix's end are harmless hints.
+#[inline(always)]
+unsafe fn prefetch(f: Format, blk: *const u8, bb: usize) {
+    match f {
+        Format::Q4 => {
+            let ahead = blk.wrapping_add(8 * bb);
+            for line in 0..bb.div_ceil(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64).cast());
+            }
+        }
+        _ => _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast()),
     }
 }
 
@@ -127,53 +159,53 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     let (bb, nb, nsub) = (f.block_bytes(), k / f.block(), k / QSUB);
     let base = w.data().as_ptr().add(p * nb * bb);
     let a = job.acts;
-    let (xq, xq2) = (a.q.as_ptr().add(i0 * k), a.q2.as_ptr().add(i0 * k));
+    let xq = a.q.as_ptr().add(i0 * k);
+    let xf = a.fine.as_ptr().add(i0 * k);
     let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
-    let dfs = &a.d_fine[i0 * nsub..];
+    let (dfs, sfs) = (&a.d_fine[i0 * nsub..], &a.s_fine[i0 * nsub..]);
     let mut y = [[_mm256_setzero_ps(); 2]; M];
     let ones = _mm256_set1_epi16(1);
-    let flip = _mm256_set1_epi8(-128);
+    // Swaps rows 2, 3 with 4, 5 of eight (its own inverse): the order hadd leaves Q8's sums in.
+    let q8_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
     let nib = _mm256_set1_epi8(0x0f);
     for b in 0..nb {
         let blk = base.add(b * bb);
-        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast());
+        prefetch(f, blk, bb);
         match f {
             Format::Q8 => {
-                let dv = [
-                    _mm256_loadu_ps(blk.cast()),
-                    _mm256_loadu_ps(blk.add(32).cast()),
-                ];
+                // Each 16-byte quarter of a group (4 rows x 4 k) widens to u16 and meets the fine
+                // activation codes in one vpmaddwd: per row two i32 lanes, paired up by hadd into
+                // rows [0, 1, 4, 5 | 2, 3, 6, 7] (and 8 more), the order the scales are put in.
+                let dv = [0, 32].map(|o| {
+                    _mm256_permutevar8x32_ps(_mm256_loadu_ps(blk.add(o).cast()), q8_order)
+                });
                 for h in 0..2 {
                     let sb = b * 2 + h;
-                    let mut acc = [[_mm256_setzero_si256(); 2]; M];
-                    let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
+                    let mut acc = [[_mm256_setzero_si256(); 4]; M];
                     for g in 0..8 {
                         let at = blk.add(64 + h * 512 + g * 64);
-                        let ws = [
-                            _mm256_xor_si256(_mm256_loadu_si256(at.cast()), flip),
-                            _mm256_xor_si256(_mm256_loadu_si256(at.add(32).cast()), flip),
-                        ];
-                        let wa = [_mm256_abs_epi8(ws[0]), _mm256_abs_epi8(ws[1])];
+                        let mut xv = [_mm256_setzero_si256(); M];
                         for r in 0..M {
-                            let xo = r * k + sb * QSUB + g * 4;
-                            let (xv, xv2) = (bx(xq.add(xo)), bx(xq2.add(xo)));
-                            for s in 0..2 {
-                                let pr = _mm256_maddubs_epi16(wa[s], _mm256_sign_epi8(xv, ws[s]));
-                                acc[r][s] =
-                                    _mm256_add_epi32(acc[r][s], _mm256_madd_epi16(pr, ones));
-                                let pr = _mm256_maddubs_epi16(wa[s], _mm256_sign_epi8(xv2, ws[s]));
-                                acc2[r][s] =
-                                    _mm256_add_epi32(acc2[r][s], _mm256_madd_epi16(pr, ones));
+                            let xo = xf.add(r * k + sb * QSUB + g * 4);
+                            xv[r] = _mm256_set1_epi64x(xo.cast::<i64>().read_unaligned());
+                        }
+                        for q in 0..4 {
+                            let wv = _mm256_cvtepu8_epi16(_mm_loadu_si128(at.add(16 * q).cast()));
+                            for r in 0..M {
+                                acc[r][q] =
+                                    _mm256_add_epi32(acc[r][q], _mm256_madd_epi16(wv, xv[r]));
                             }
                         }
                     }
                     for r in 0..M {
+                        // The codes are stored + 128: sum((c + 128) * fine) - 128 * sum(fine). Every
+                        // lane stays within i32: 16 products of at most 255 * 32385 per lane, and the
+                        // correction at most 128 * 32 * 32385.
+                        let corr = _mm256_set1_epi32(128 * sfs[r * nsub + sb]);
                         let dx = _mm256_set1_ps(dfs[r * nsub + sb]);
                         for s in 0..2 {
-                            let fine = _mm256_add_epi32(
-                                _mm256_mullo_epi32(acc[r][s], _mm256_set1_epi32(LO)),
-                                acc2[r][s],
-                            );
+                            let pair = _mm256_hadd_epi32(acc[r][2 * s], acc[r][2 * s + 1]);
+                            let fine = _mm256_sub_epi32(pair, corr);
                             let t = _mm256_mul_ps(_mm256_cvtepi32_ps(fine), dx);
                             y[r][s] = _mm256_fmadd_ps(dv[s], t, y[r][s]);
                         }
@@ -226,6 +258,9 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
         }
     }
     for r in 0..M {
+        if f == Format::Q8 {
+            y[r] = y[r].map(|v| _mm256_permutevar8x32_ps(v, q8_order));
+        }
         let mut sums = [0.0f32; QPANEL];
         _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
         _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
@@ -276,53 +311,26 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     let mut y = [[_mm256_setzero_ps(); 2]; M];
     let ones = _mm256_set1_epi16(1);
     let nib = _mm256_set1_epi8(0x0f);
-    let (n4, n3, n12) = (
-        _mm_set1_epi8(0x0f),
-        _mm_set1_epi8(0x03),
-        _mm_set1_epi8(0x0c),
-    );
-    let q4k = f == Format::Q4K;
     let half = |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
     for b in 0..lay.blocks() {
         let t = lay.subs(b);
         let blk = w.data().as_ptr().add(lay.at(p, b));
+        // The next super-block's header (its scales), one super-block ahead; harmless past the end.
+        for line in 0..4 {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
+        }
         let dv = half(blk);
-        let mv = if q4k {
-            half(blk.add(32))
-        } else {
-            [_mm256_setzero_ps(); 2]
-        };
         for s in 0..t {
             let sb = b * SUBS + s;
             let cp = blk.add(Layout::codes_at(f, t, s));
-            _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full).cast());
-            let (ds, dm) = if q4k {
-                let lo = _mm_loadu_si128(blk.add(64 + 16 * s).cast());
-                let mut hi = _mm_loadu_si128(blk.add(64 + 16 * t + 16 * (s / 2)).cast());
-                if s % 2 == 1 {
-                    hi = _mm_srli_epi16::<4>(hi);
-                }
-                let sc = _mm_or_si128(
-                    _mm_and_si128(lo, n4),
-                    _mm_slli_epi16::<4>(_mm_and_si128(hi, n3)),
-                );
-                let mc = _mm_or_si128(
-                    _mm_and_si128(_mm_srli_epi16::<4>(lo), n4),
-                    _mm_slli_epi16::<2>(_mm_and_si128(hi, n12)),
-                );
-                let (scf, mcf) = (bytes_f32(sc, false), bytes_f32(mc, false));
-                (
-                    [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
-                    [_mm256_mul_ps(mv[0], mcf[0]), _mm256_mul_ps(mv[1], mcf[1])],
-                )
-            } else {
-                let scf = bytes_f32(_mm_loadu_si128(blk.add(32 + 16 * s).cast()), true);
-                (
-                    [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
-                    [_mm256_setzero_ps(); 2],
-                )
-            };
-            // Q4K: i16 sums of the whole sub-block (as Q4); Q6K: i32, widened per group.
+            // Every line of this sub-block's codes one super-block ahead (on Zen 3 the decode step
+            // streamed at 0.43 of a plain read with one line, 0.99 with all six).
+            for line in 0..6 {
+                _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full + line * 64).cast());
+            }
+            let scf = bytes_f32(_mm_loadu_si128(blk.add(32 + 16 * s).cast()), true);
+            let ds = [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])];
+            // i32 sums, widened per group (two nibble products of 6-bit codes fill an i16).
             let mut acc = [[_mm256_setzero_si256(); 2]; M];
             for g in 0..4 {
                 let at = cp.add(g * 64);
@@ -330,18 +338,16 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     _mm256_loadu_si256(at.cast()),
                     _mm256_loadu_si256(at.add(32).cast()),
                 ];
+                let hp = cp.add(256 + (g / 2) * 64);
                 let mut lo = [_mm256_and_si256(v[0], nib), _mm256_and_si256(v[1], nib)];
                 let mut hi = [
                     _mm256_and_si256(_mm256_srli_epi16::<4>(v[0]), nib),
                     _mm256_and_si256(_mm256_srli_epi16::<4>(v[1]), nib),
                 ];
-                if !q4k {
-                    let hp = cp.add(256 + (g / 2) * 64);
-                    for h in 0..2 {
-                        let hb = _mm256_loadu_si256(hp.add(32 * h).cast());
-                        lo[h] = _mm256_or_si256(lo[h], high_bits(hb, 2 * g));
-                        hi[h] = _mm256_or_si256(hi[h], high_bits(hb, 2 * g + 1));
-                    }
+                for h in 0..2 {
+                    let hb = _mm256_loadu_si256(hp.add(32 * h).cast());
+                    lo[h] = _mm256_or_si256(lo[h], high_bits(hb, 2 * g));
+                    hi[h] = _mm256_or_si256(hi[h], high_bits(hb, 2 * g + 1));
                 }
                 for r in 0..M {
                     let xr = xq.add(r * k + sb * QSUB + g * 8);
@@ -351,11 +357,7 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                             _mm256_maddubs_epi16(lo[h], xa),
                             _mm256_maddubs_epi16(hi[h], xb),
                         );
-                        acc[r][h] = if q4k {
-                            _mm256_add_epi16(acc[r][h], pr)
-                        } else {
-                            _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, ones))
-                        };
+                        acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, ones));
                     }
                 }
             }
@@ -363,20 +365,116 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 let sx = _mm256_set1_ps(sxs[r * nsub + sb]);
                 let dx = _mm256_set1_ps(dxs[r * nsub + sb]);
                 for h in 0..2 {
-                    let dot = if q4k {
-                        _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][h], ones))
-                    } else {
-                        _mm256_cvtepi32_ps(acc[r][h])
-                    };
-                    if q4k {
-                        let t = _mm256_fmsub_ps(ds[h], dot, _mm256_mul_ps(dm[h], sx));
-                        y[r][h] = _mm256_fmadd_ps(t, dx, y[r][h]);
-                    } else {
-                        // dot - 32 sum(q) is exact in f32 (integers below 2^24).
-                        let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
-                        y[r][h] = _mm256_fmadd_ps(ds[h], _mm256_mul_ps(c, dx), y[r][h]);
+                    // dot - 32 sum(q) is exact in f32 (integers below 2^24).
+                    let dot = _mm256_cvtepi32_ps(acc[r][h]);
+                    let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
+                    y[r][h] = _mm256_fmadd_ps(ds[h], _mm256_mul_ps(c, dx), y[r][h]);
+                }
+            }
+        }
+    }
+    for r in 0..M {
+        let mut sums = [0.0f32; QPANEL];
+        _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
+        _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
+        store(job, i0 + r, p, &sums);
+    }
+}
+
+/// Q4K: per 32-value sub-block the i16 sums (as Q4) meet the 6-bit scale in the widening `vpmaddwd`
+/// itself (sc * dot, exact in i32 and in f32: below 63 * 32 * 15 * 127 < 2^24), so the scale costs no
+/// float conversion; `d * sum_s(sc * dot * dx)` is applied once per super-block and the mins per
+/// sub-block as `(dmin * mc) * (sum(q) * dx)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
+unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
+    let w = job.w;
+    let (f, k) = (w.format, w.k());
+    let (lay, nsub) = (Layout::new(f, k), k / QSUB);
+    let full = f.block_bytes();
+    let a = job.acts;
+    let xq = a.q.as_ptr().add(i0 * k);
+    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+    let mut y = [[_mm256_setzero_ps(); 2]; M];
+    let nib = _mm256_set1_epi8(0x0f);
+    let (n4, n3, n12) = (
+        _mm_set1_epi8(0x0f),
+        _mm_set1_epi8(0x03),
+        _mm_set1_epi8(0x0c),
+    );
+    let half = |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
+    for b in 0..lay.blocks() {
+        let t = lay.subs(b);
+        let blk = w.data().as_ptr().add(lay.at(p, b));
+        // The next super-block's header (its scales), one super-block ahead; harmless past the end.
+        for line in 0..4 {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
+        }
+        let (dv, mv) = (half(blk), half(blk.add(32)));
+        let mut ya = [[_mm256_setzero_ps(); 2]; M];
+        for s in 0..t {
+            let sb = b * SUBS + s;
+            let cp = blk.add(Layout::codes_at(f, t, s));
+            for line in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full + line * 64).cast());
+            }
+            let lo = _mm_loadu_si128(blk.add(64 + 16 * s).cast());
+            let mut hi = _mm_loadu_si128(blk.add(64 + 16 * t + 16 * (s / 2)).cast());
+            if s % 2 == 1 {
+                hi = _mm_srli_epi16::<4>(hi);
+            }
+            let sc = _mm_or_si128(
+                _mm_and_si128(lo, n4),
+                _mm_slli_epi16::<4>(_mm_and_si128(hi, n3)),
+            );
+            let mc = _mm_or_si128(
+                _mm_and_si128(_mm_srli_epi16::<4>(lo), n4),
+                _mm_slli_epi16::<2>(_mm_and_si128(hi, n12)),
+            );
+            // Each row's scale in both i16 halves of its lane: rows 0-7, rows 8-15.
+            let scp = [
+                _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc, sc)),
+                _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sc, sc)),
+            ];
+            let mcf = bytes_f32(mc, false);
+            let dm = [_mm256_mul_ps(mv[0], mcf[0]), _mm256_mul_ps(mv[1], mcf[1])];
+            let mut acc = [[_mm256_setzero_si256(); 2]; M];
+            for g in 0..4 {
+                let at = cp.add(g * 64);
+                let v = [
+                    _mm256_loadu_si256(at.cast()),
+                    _mm256_loadu_si256(at.add(32).cast()),
+                ];
+                let lo = [_mm256_and_si256(v[0], nib), _mm256_and_si256(v[1], nib)];
+                let hi = [
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[0]), nib),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[1]), nib),
+                ];
+                for r in 0..M {
+                    let xr = xq.add(r * k + sb * QSUB + g * 8);
+                    let (xa, xb) = (bx(xr), bx(xr.add(4)));
+                    for h in 0..2 {
+                        let pr = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo[h], xa),
+                            _mm256_maddubs_epi16(hi[h], xb),
+                        );
+                        acc[r][h] = _mm256_add_epi16(acc[r][h], pr);
                     }
                 }
+            }
+            for r in 0..M {
+                let dx = dxs[r * nsub + sb];
+                let (dxv, cv) = (_mm256_set1_ps(dx), _mm256_set1_ps(sxs[r * nsub + sb] * dx));
+                for h in 0..2 {
+                    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][h], scp[h]));
+                    ya[r][h] = _mm256_fmadd_ps(dot, dxv, ya[r][h]);
+                    y[r][h] = _mm256_fnmadd_ps(dm[h], cv, y[r][h]);
+                }
+            }
+        }
+        for r in 0..M {
+            for h in 0..2 {
+                y[r][h] = _mm256_fmadd_ps(dv[h], ya[r][h], y[r][h]);
             }
         }
     }
@@ -392,16 +490,22 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
 /// The CPU supports the tier; `job` satisfies `quant_linear`'s contract; no other thread writes the
 /// columns of `panels`.
 pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
-    let sup = job.w.format.is_super();
+    let (sup, q4k) = (job.w.format.is_super(), job.w.format == Format::Q4K);
+    assert!(
+        job.w.format != Format::Q8 || job.acts.fine.len() >= job.m * job.w.k(),
+        "quant avx2: Q8 needs the activations this tier quantized (their i16 fine codes)"
+    );
     for p in panels {
         let mut i0 = 0;
         while i0 < job.m {
             let m = (job.m - i0).min(MR);
-            match (m, sup) {
-                (1, false) => tile::<1>(job, p, i0),
-                (_, false) => tile::<2>(job, p, i0),
-                (1, true) => tile_super::<1>(job, p, i0),
-                (_, true) => tile_super::<2>(job, p, i0),
+            match (m, sup, q4k) {
+                (1, _, true) => tile_q4k::<1>(job, p, i0),
+                (_, _, true) => tile_q4k::<2>(job, p, i0),
+                (1, false, _) => tile::<1>(job, p, i0),
+                (_, false, _) => tile::<2>(job, p, i0),
+                (1, true, _) => tile_super::<1>(job, p, i0),
+                (_, true, _) => tile_super::<2>(job, p, i0),
             }
             i0 += m;
         }

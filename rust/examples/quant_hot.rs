@@ -1,0 +1,55 @@
+//! In-cache rate of each format's m=1 and m=2 kernels on one thread (compute bound, no memory
+//! stalls): a matrix small enough for L2, called many times. Run: `cargo run --release --example quant_hot [n k]`.
+use std::hint::black_box;
+use std::time::Instant;
+
+use kwker_kernels::isa;
+use kwker_kernels::pool::SpinPool;
+use kwker_kernels::quant::{quant_linear, quantize, Format, QuantOptions, QuantWeight};
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (n, k) = match args[..] {
+        [n, k] => (n, k),
+        _ => (256, 960),
+    };
+    let tier = isa::best();
+    let pool = SpinPool::new(1);
+    let x: Vec<f32> = (0..k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let wf: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 504.0)
+        .collect();
+    for m in [1usize, 2] {
+        let xm: Vec<f32> = (0..m).flat_map(|_| x.iter().copied()).collect();
+        for f in [Format::Q4K, Format::Q6K, Format::Q4, Format::Q8] {
+            let opt = QuantOptions {
+                format: f,
+                importance: None,
+                threads: 1,
+            };
+            let w = QuantWeight::pack(&quantize(&wf, n, k, &opt).unwrap());
+            let mut y = vec![0.0; m * n];
+            let iters = (200_000_000 / w.bytes()).max(10);
+            let mut best = f64::MAX;
+            for _ in 0..5 {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    quant_linear(tier, &pool, &xm, m, &w, None, &mut y);
+                }
+                best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+            }
+            black_box(&y);
+            println!(
+                "{} m={m} {n}x{k}: {:.2} us/call, {:.1} GB/s of weights",
+                f.name(),
+                best * 1e6,
+                w.bytes() as f64 / best / 1e9
+            );
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! AVX-VNNI tier of `quant_linear`: the VEX-encoded, 256-bit `vpdpbusd` of client CPUs without
+//! AVX-512 (Intel Alder Lake and later, AMD Zen 5 client parts) multiplies 4 unsigned weight codes by
+//! 4 signed activation codes and adds them into an i32 lane, as the AVX-512 VNNI tier does with
+//! 16-row vectors; here a 16-row panel is two 256-bit halves (rows 0-7, rows 8-15), and up to 2 x
+//! rows share each loaded weight vector.
+//!
+//! The kernels are written once (`vnni_kernels!`) and stamped twice: `real` with `vpdpbusd`
+//! (compiled everywhere, run where the CPU has AVX-VNNI), and `emulated` with an exact AVX2
+//! stand-in (two `vpmaddwd` on the even and odd bytes), so the layout and epilogue logic is tested
+//! against the scalar reference on any AVX2 machine, and the instruction itself where it exists.
+//!
+//! Numerical contract: the AVX-512 tier's, block for block (exact i32 sums; Q8 reads the coarse and
+//! residual activation codes and takes the weights' + 128 off with `128 * s_fine`; each block's
+//! contribution is added with fused multiply-adds: `d * t + y`; Q4 `d * dot + m * sum(q)`; Q4K
+//! `ds * dot - dm * sum(q)`; Q6K `ds * ((dot - 32 sum(q)) * dx)`).
+
+use std::arch::x86_64::*;
+
+/// Whether this CPU has the tier: AVX2, FMA, F16C (the AVX2 tier's) and AVX-VNNI.
+pub fn usable() -> bool {
+    super::avx2::usable() && std::arch::is_x86_feature_detected!("avxvnni")
+}
+
+/// `acc + sum of 4 u8 * i8 products` per i32 lane, exactly (no saturation), as `vpdpbusd` computes
+/// it: the even and odd bytes widened to i16 (u8 zero-, i8 sign-extended), two `vpmaddwd` (each
+/// product within 255 * 128, each pair sum within i32).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn dpbusd_emulated(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    let even = _mm256_set1_epi16(0x00ff);
+    let (u_even, u_odd) = (_mm256_and_si256(u, even), _mm256_srli_epi16::<8>(u));
+    let s_even = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(s));
+    let s_odd = _mm256_srai_epi16::<8>(s);
+    let sums = _mm256_add_epi32(
+        _mm256_madd_epi16(u_even, s_even),
+        _mm256_madd_epi16(u_odd, s_odd),
+    );
+    _mm256_add_epi32(acc, sums)
+}
+
+/// The tier's `panels` and tiles over one `vpdpbusd`: `$features` are the tiles' target features,
+/// `$dp` the dot instruction (an intrinsic or its exact emulation).
+macro_rules! vnni_kernels {
+    ($features:literal, $dp:path) => {
+        use std::arch::x86_64::*;
+        use std::ops::Range;
+
+        use crate::quant::kblock::{Layout, SUBS};
+        use crate::quant::{store, Format, Job, LO, QPANEL, QSUB};
+
+        /// x rows per register tile: 2 rows x 2 halves x 2 i32 chains, and 2 x 2 f32 outputs.
+        const MR: usize = 2;
+
+        /// Four activation codes starting at `p`, broadcast to every lane.
+        #[inline(always)]
+        unsafe fn bx(p: *const i8) -> __m256i {
+            _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+        }
+
+        /// Q6K's high bits of code vector `v` moved to bits 4-5 of each byte (see the AVX-512 tier).
+        #[inline(always)]
+        unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
+            let m = _mm256_set1_epi8(0x30);
+            match v % 4 {
+                0 => _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m),
+                1 => _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m),
+                2 => _mm256_and_si256(hb, m),
+                _ => _mm256_and_si256(_mm256_srli_epi16::<2>(hb), m),
+            }
+        }
+
+        /// The two halves (rows 0-7, 8-15) of 32 bytes at `at`.
+        #[inline(always)]
+        unsafe fn halves(at: *const u8) -> [__m256i; 2] {
+            [
+                _mm256_loadu_si256(at.cast()),
+                _mm256_loadu_si256(at.add(32).cast()),
+            ]
+        }
+
+        #[target_feature(enable = $features)]
+        #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
+        unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
+            let w = job.w;
+            let (f, k) = (w.format, w.k());
+            let (bb, nb, nsub) = (f.block_bytes(), k / f.block(), k / QSUB);
+            let base = w.data().as_ptr().add(p * nb * bb);
+            let a = job.acts;
+            let (xq, xq2) = (a.q.as_ptr().add(i0 * k), a.q2.as_ptr().add(i0 * k));
+            let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+            let (dfs, sfs) = (&a.d_fine[i0 * nsub..], &a.s_fine[i0 * nsub..]);
+            let mut y = [[_mm256_setzero_ps(); 2]; M];
+            let nib = _mm256_set1_epi8(0x0f);
+            for b in 0..nb {
+                let blk = base.add(b * bb);
+                // Every line of the block 8 ahead for Q4, one line 2 ahead for Q8 (as the AVX-512
+                // tier, measured there); hints past the end are harmless.
+                if f == Format::Q4 {
+                    for line in 0..bb.div_ceil(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(8 * bb + line * 64).cast());
+                    }
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast());
+                }
+                if f == Format::Q8 {
+                    let dv = [0, 32].map(|o| _mm256_loadu_ps(blk.add(o).cast()));
+                    for h in 0..2 {
+                        let sb = b * 2 + h;
+                        let mut acc = [[_mm256_setzero_si256(); 2]; M];
+                        let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
+                        for g in 0..8 {
+                            let wv = halves(blk.add(64 + h * 512 + g * 64));
+                            for r in 0..M {
+                                let at = r * k + sb * QSUB + g * 4;
+                                let (xv, xv2) = (bx(xq.add(at)), bx(xq2.add(at)));
+                                for s in 0..2 {
+                                    acc[r][s] = $dp(acc[r][s], wv[s], xv);
+                                    acc2[r][s] = $dp(acc2[r][s], wv[s], xv2);
+                                }
+                            }
+                        }
+                        for r in 0..M {
+                            // 254 * (dot + 128 s) + (dot2 + 128 s2) - 128 * (254 s + s2): exact in i32.
+                            let fix = _mm256_set1_epi32(128 * sfs[r * nsub + sb]);
+                            let dx = _mm256_set1_ps(dfs[r * nsub + sb]);
+                            for s in 0..2 {
+                                let fine = _mm256_add_epi32(
+                                    _mm256_mullo_epi32(acc[r][s], _mm256_set1_epi32(LO)),
+                                    acc2[r][s],
+                                );
+                                let dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(fine, fix));
+                                y[r][s] = _mm256_fmadd_ps(dv[s], _mm256_mul_ps(dot, dx), y[r][s]);
+                            }
+                        }
+                    }
+                } else {
+                    let half = |at: *const u8| {
+                        [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())))
+                    };
+                    let (dv, mv) = (half(blk), half(blk.add(32)));
+                    // Two i32 chains per row (low and high nibbles), as the AVX-512 tier.
+                    let mut acc = [[_mm256_setzero_si256(); 2]; M];
+                    let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
+                    for g in 0..4 {
+                        let v = halves(blk.add(64 + g * 64));
+                        let lo = v.map(|v| _mm256_and_si256(v, nib));
+                        let hi = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                        for r in 0..M {
+                            let xr = xq.add(r * k + b * QSUB + g * 8);
+                            let (xa, xb) = (bx(xr), bx(xr.add(4)));
+                            for s in 0..2 {
+                                acc[r][s] = $dp(acc[r][s], lo[s], xa);
+                                acc2[r][s] = $dp(acc2[r][s], hi[s], xb);
+                            }
+                        }
+                    }
+                    for r in 0..M {
+                        let sx = _mm256_set1_ps(sxs[r * nsub + b]);
+                        let dx = _mm256_set1_ps(dxs[r * nsub + b]);
+                        for s in 0..2 {
+                            let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[r][s], acc2[r][s]));
+                            let t = _mm256_fmadd_ps(dv[s], dot, _mm256_mul_ps(mv[s], sx));
+                            y[r][s] = _mm256_fmadd_ps(t, dx, y[r][s]);
+                        }
+                    }
+                }
+            }
+            for r in 0..M {
+                let mut sums = [0.0f32; QPANEL];
+                _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
+                _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
+                store(job, i0 + r, p, &sums);
+            }
+        }
+
+        /// Sixteen bytes (one per row) to two vectors of 8 f32s, unsigned or signed.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn bytes_f32(v: __m128i, signed: bool) -> [__m256; 2] {
+            let hi = _mm_srli_si128::<8>(v);
+            if signed {
+                [v, hi].map(|v| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)))
+            } else {
+                [v, hi].map(|v| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)))
+            }
+        }
+
+        #[target_feature(enable = $features)]
+        #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
+        unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
+            let w = job.w;
+            let (f, k) = (w.format, w.k());
+            let (lay, nsub) = (Layout::new(f, k), k / QSUB);
+            let full = f.block_bytes();
+            let a = job.acts;
+            let xq = a.q.as_ptr().add(i0 * k);
+            let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+            let mut y = [[_mm256_setzero_ps(); 2]; M];
+            let nib = _mm256_set1_epi8(0x0f);
+            let (n4, n3, n12) = (
+                _mm_set1_epi8(0x0f),
+                _mm_set1_epi8(0x03),
+                _mm_set1_epi8(0x0c),
+            );
+            let q4k = f == Format::Q4K;
+            let half =
+                |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
+            for b in 0..lay.blocks() {
+                let t = lay.subs(b);
+                let blk = w.data().as_ptr().add(lay.at(p, b));
+                // The next super-block's header, and below every line of each sub-block's codes,
+                // one super-block ahead; harmless past the end.
+                for line in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
+                }
+                let dv = half(blk);
+                let mv = if q4k {
+                    half(blk.add(32))
+                } else {
+                    [_mm256_setzero_ps(); 2]
+                };
+                for s in 0..t {
+                    let sb = b * SUBS + s;
+                    let cp = blk.add(Layout::codes_at(f, t, s));
+                    for line in 0..if q4k { 4 } else { 6 } {
+                        _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full + line * 64).cast());
+                    }
+                    let (ds, dm) = if q4k {
+                        let lo = _mm_loadu_si128(blk.add(64 + 16 * s).cast());
+                        let mut hi = _mm_loadu_si128(blk.add(64 + 16 * t + 16 * (s / 2)).cast());
+                        if s % 2 == 1 {
+                            hi = _mm_srli_epi16::<4>(hi);
+                        }
+                        let sc = _mm_or_si128(
+                            _mm_and_si128(lo, n4),
+                            _mm_slli_epi16::<4>(_mm_and_si128(hi, n3)),
+                        );
+                        let mc = _mm_or_si128(
+                            _mm_and_si128(_mm_srli_epi16::<4>(lo), n4),
+                            _mm_slli_epi16::<2>(_mm_and_si128(hi, n12)),
+                        );
+                        let (scf, mcf) = (bytes_f32(sc, false), bytes_f32(mc, false));
+                        (
+                            [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
+                            [_mm256_mul_ps(mv[0], mcf[0]), _mm256_mul_ps(mv[1], mcf[1])],
+                        )
+                    } else {
+                        let scf = bytes_f32(_mm_loadu_si128(blk.add(32 + 16 * s).cast()), true);
+                        (
+                            [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
+                            [_mm256_setzero_ps(); 2],
+                        )
+                    };
+                    let mut acc = [[_mm256_setzero_si256(); 2]; M];
+                    let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
+                    for g in 0..4 {
+                        let v = halves(cp.add(g * 64));
+                        let mut lo = v.map(|v| _mm256_and_si256(v, nib));
+                        let mut hi = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                        if !q4k {
+                            let hb = halves(cp.add(256 + (g / 2) * 64));
+                            for h in 0..2 {
+                                lo[h] = _mm256_or_si256(lo[h], high_bits(hb[h], 2 * g));
+                                hi[h] = _mm256_or_si256(hi[h], high_bits(hb[h], 2 * g + 1));
+                            }
+                        }
+                        for r in 0..M {
+                            let xr = xq.add(r * k + sb * QSUB + g * 8);
+                            let (xa, xb) = (bx(xr), bx(xr.add(4)));
+                            for h in 0..2 {
+                                acc[r][h] = $dp(acc[r][h], lo[h], xa);
+                                acc2[r][h] = $dp(acc2[r][h], hi[h], xb);
+                            }
+                        }
+                    }
+                    for r in 0..M {
+                        let sx = _mm256_set1_ps(sxs[r * nsub + sb]);
+                        let dx = _mm256_set1_ps(dxs[r * nsub + sb]);
+                        for h in 0..2 {
+                            let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[r][h], acc2[r][h]));
+                            if q4k {
+                                let t = _mm256_fmsub_ps(ds[h], dot, _mm256_mul_ps(dm[h], sx));
+                                y[r][h] = _mm256_fmadd_ps(t, dx, y[r][h]);
+                            } else {
+                                // dot - 32 sum(q) is exact in f32 (integers below 2^24).
+                                let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
+                                y[r][h] = _mm256_fmadd_ps(ds[h], _mm256_mul_ps(c, dx), y[r][h]);
+                            }
+                        }
+                    }
+                }
+            }
+            for r in 0..M {
+                let mut sums = [0.0f32; QPANEL];
+                _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
+                _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
+                store(job, i0 + r, p, &sums);
+            }
+        }
+
+        /// # Safety
+        /// The CPU has `$features`; `job` satisfies `quant_linear`'s contract; no other thread
+        /// writes the columns of `panels`.
+        pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
+            let sup = job.w.format.is_super();
+            for p in panels {
+                let mut i0 = 0;
+                while i0 < job.m {
+                    let m = (job.m - i0).min(MR);
+                    match (m, sup) {
+                        (1, false) => tile::<1>(job, p, i0),
+                        (_, false) => tile::<2>(job, p, i0),
+                        (1, true) => tile_super::<1>(job, p, i0),
+                        (_, true) => tile_super::<2>(job, p, i0),
+                    }
+                    i0 += m;
+                }
+            }
+        }
+    };
+}
+
+/// The tier itself: `vpdpbusd` (VEX, 256-bit).
+pub mod real {
+    vnni_kernels!("avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
+}
+
+/// The same kernels over `dpbusd_emulated` (AVX2 only): what tests run where the CPU lacks AVX-VNNI.
+pub mod emulated {
+    use super::dpbusd_emulated;
+    vnni_kernels!("avx2,fma,f16c", dpbusd_emulated);
+}
