@@ -358,3 +358,81 @@ fn wrong_out_len_panics() {
         3,
     );
 }
+
+/// Query token t of a T-token call over S keys against the same token alone over its S - T + t + 1
+/// keys (as a decoder's multi-token step against one-token steps): bit-identical in every tier,
+/// whatever groups of 8 keys the scores fall in (cache lengths on both sides of a multiple of 8).
+fn rows_equal_one_token_calls<E: Element>() {
+    let mut rng = Rng::new(41);
+    let (hq, hkv, d) = (9, 3, 64);
+    for prefix in [79, 80, 81, 85] {
+        for t in [2, 7, 8, 9, 13] {
+            let s = prefix + t;
+            let to_e = |v: Vec<f32>| v.into_iter().map(E::from_f32).collect::<Vec<E>>();
+            let (q, k, v) = (
+                to_e(rng.vec(hq * t * d)),
+                to_e(rng.vec(hkv * s * d)),
+                to_e(rng.vec(hkv * s * d)),
+            );
+            let strides = [hkv * s * d, s * d, d, 1];
+            fn kv<E: Element>(data: &[E], keys: usize, strides: [usize; 4]) -> View4<'_, E> {
+                let (hkv, d) = (strides[0] / strides[1], strides[2]);
+                View4 {
+                    data,
+                    dims: [1, hkv, keys, d],
+                    strides,
+                }
+            }
+            for isa in isa::supported() {
+                let mut all = vec![E::from_f32(0.0); hq * t * d];
+                let qv = View4::contiguous(&q, [1, hq, t, d]);
+                decode_attention(
+                    isa,
+                    &Serial,
+                    qv,
+                    kv(&k, s, strides),
+                    kv(&v, s, strides),
+                    0.125,
+                    &mut all,
+                );
+                for tok in 0..t {
+                    // The token's queries alone: [1, Hq, 1, D] with the full tensor's head stride.
+                    let one_q = View4 {
+                        data: &q[tok * d..],
+                        dims: [1, hq, 1, d],
+                        strides: [hq * t * d, t * d, d, 1],
+                    };
+                    let keys = prefix + tok + 1;
+                    let mut one = vec![E::from_f32(0.0); hq * d];
+                    decode_attention(
+                        isa,
+                        &Serial,
+                        one_q,
+                        kv(&k, keys, strides),
+                        kv(&v, keys, strides),
+                        0.125,
+                        &mut one,
+                    );
+                    for h in 0..hq {
+                        let got = &all[(h * t + tok) * d..][..d];
+                        assert!(
+                            got.iter().zip(&one[h * d..][..d]).all(|(a, b)| a.to_f32().to_bits() == b.to_f32().to_bits()),
+                            "{} prefix {prefix} T {t}: token {tok} head {h} differs from its one-token call",
+                            isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn each_query_row_equals_its_one_token_call_f32() {
+    rows_equal_one_token_calls::<f32>();
+}
+
+#[test]
+fn each_query_row_equals_its_one_token_call_bf16() {
+    rows_equal_one_token_calls::<Bf16>();
+}

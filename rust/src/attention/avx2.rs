@@ -9,13 +9,16 @@ use std::arch::x86_64::*;
 
 use crate::bf16::bf16_to_f32;
 
-/// Horizontal sum of one vector.
+/// Horizontal sum of one vector, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the order of each
+/// lane of `hsum8`, so a key's score has the same bits whether it falls in a group of 8 keys or in
+/// the tail (a multi-token step's row then equals the one-token step at its position, which
+/// speculative verification and the server's batching rely on).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    let h = _mm_hadd_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let h = _mm_hadd_ps(h, h);
+    _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
 }
 
 /// [hsum(a[0]), ..., hsum(a[7])] in one vector (hadd tree: 9 shuffles/adds for 8 sums).

@@ -17,6 +17,17 @@ fn lanes(n: usize) -> __mmask16 {
     }
 }
 
+/// Horizontal sum of one vector in the order of each lane of `hsum8` (halves, quarters, then pairs),
+/// so a key's score has the same bits in a group of 8 keys or in the tail (see the AVX2 tier).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+fn hsum(v: __m512) -> f32 {
+    let h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+    let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+    let w = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps::<1>(w, w)))
+}
+
 /// [sum of a[0]'s lanes, ..., sum of a[7]'s lanes] in one 8-lane vector: a transpose-and-add
 /// tree on full zmm registers (8 -> 4 -> 2 -> 1), ~24 single-uop shuffles/adds for 8 sums.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
@@ -112,7 +123,7 @@ pub unsafe fn qk(
         while s < keys {
             let mut acc = [_mm512_setzero_ps(); 1];
             dot_keys::<1>(qr, kp.add(s * ldk), ldk, d, &mut acc);
-            *out.add(s) = _mm512_reduce_add_ps(acc[0]);
+            *out.add(s) = hsum(acc[0]);
             s += 1;
         }
     }
