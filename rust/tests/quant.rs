@@ -446,3 +446,31 @@ fn a_group_equals_each_linear_alone_in_every_tier() {
         }
     }
 }
+
+#[test]
+fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
+    // The server's exactness: a sequence's row in an m-row step (tiles of 2, 3 or 4 rows) gives the
+    // bits it gives alone (a 1-row tile), in every tier and format.
+    let mut rng = Rng::new(29);
+    let (n, k) = (33, 576);
+    for format in Format::ALL {
+        let w = QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap());
+        for m in [2, 3, 4, 5, 9] {
+            let x = rng.vec(m * k);
+            for tier in isa::supported() {
+                let mut all = vec![0.0; m * n];
+                quant_linear(tier, &Serial, &x, m, &w, None, &mut all);
+                for i in 0..m {
+                    let mut one = vec![0.0; n];
+                    quant_linear(tier, &Serial, &x[i * k..(i + 1) * k], 1, &w, None, &mut one);
+                    assert_eq!(
+                        &all[i * n..(i + 1) * n],
+                        &one[..],
+                        "{} {format:?}: row {i} of {m}",
+                        tier.name()
+                    );
+                }
+            }
+        }
+    }
+}
