@@ -1,0 +1,36 @@
+"""The machine's own multiply-add peak per instruction (``vpmaddubsw`` and ``vpmaddubsw + vpaddw`` on AVX2,
+``vpdpbusd`` on AVX-VNNI and AVX-512 VNNI, ``vfmadd231ps`` on ymm / zmm), on 1 thread and on every thread, so a
+GEMM's multiply-adds per second can be put beside what the CPU can issue (its share of the peak).
+
+Run: ``python benchmarks/bench_peak.py [--seconds 0.3]`` (builds and runs the Rust example
+``rust/examples/dot_peak.rs``: inline assembly, 10-12 independent registers per instruction; tiers this CPU lacks
+are skipped). Output is printed; nothing is saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_decoder import cpu_flags, say  # noqa: E402
+from common import machine  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=0.3, help="length of each measurement")
+    a = p.parse_args()
+    say(machine())
+    say(f"CPU flags: {cpu_flags()}")
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "kwker-kernels", "--example", "dot_peak"],
+                   cwd=ROOT, check=True)  # fmt: skip
+    subprocess.run([os.path.join(ROOT, "target", "release", "examples", "dot_peak"), str(a.seconds)], check=True)
+
+
+if __name__ == "__main__":
+    main()
