@@ -8,7 +8,9 @@ and tg128 (128 single-token steps after one warm-up token), llama-bench's defini
 ``--rounds``. The decode floor is weight bytes per token / the STREAM triad measured between the rounds.
 
 Run: ``python benchmarks/bench_quant.py [--rounds 5] [--models ...] [--isa avx2]``; ``--isa avx2`` forces
-KwkDecoder's AVX2 tier and uses llama.cpp built for AVX2 only. Results: ``benchmarks/results/quant*.json``.
+KwkDecoder's AVX2 tier and uses llama.cpp built for AVX2 only. "pp GMAC/s" counts the layers' matrices'
+multiply-adds per prompt token; "% of peak" sets it against this CPU's integer multiply-add peak for the tier's
+instruction (``rust/examples/dot_peak.rs``, measured at the start). Results: ``benchmarks/results/quant*.json``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import gc
 import os
 import statistics
+import subprocess
 import time
 from typing import Any
 
@@ -24,6 +27,7 @@ import torch
 from bench_decoder import MODELS, cpu_flags, ggufs, kwk_pp, kwk_tg, load, say, start
 from common import save, stream_triad_gbs, table
 
+import kwker_torch
 from kwker_torch import KwkDecoder
 from kwker_torch.peer.gguf_export import quantize
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
@@ -31,7 +35,8 @@ from kwker_torch.peer.llama_cpp import LlamaCppWorker
 OURS = ("int8", "int4")  # our precisions, each timed beside every llama.cpp format in PEERS
 PEERS = ["Q8_0", "Q4_0", "Q4_K_M"]
 HEADERS = ["model", "contender", "bits/weight", "MB/token", "pp512 tok/s", "tg128 tok/s", "pp vs Q8_0",
-           "tg vs Q8_0", "pp vs Q4_0", "tg vs Q4_0", "pp vs Q4_K_M", "tg vs Q4_K_M", "floor / step"]  # fmt: skip
+           "tg vs Q8_0", "pp vs Q4_0", "tg vs Q4_0", "pp vs Q4_K_M", "tg vs Q4_K_M", "floor / step",
+           "pp GMAC/s", "pp % of peak"]  # fmt: skip
 
 
 def peer_ggufs(name: str, model: torch.nn.Module, kind: str) -> dict[str, str]:
@@ -57,8 +62,29 @@ def gguf_bits(path: str) -> tuple[float, float]:
     return 8.0 * nbytes / sum(int(t.n_elements) for t in mats), nbytes / 1e6
 
 
-def bench(name: str, rounds: int, kind: str, rows: list) -> None:
+def peak_gmacs(tier: str) -> tuple[float, str]:
+    """This CPU's integer multiply-add peak on 2 threads for the instruction ``tier``'s quantized tiles are built
+    on (``rust/examples/dot_peak.rs``): AVX-512 / AVX-VNNI ``vpdpbusd``, AVX2 ``vpmaddubsw + vpaddw``."""
+    root = os.path.join(os.path.dirname(__file__), "..")
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "kwker-kernels", "--example", "dot_peak"],
+                   cwd=root, check=True)  # fmt: skip
+    out = subprocess.run([os.path.join(root, "target", "release", "examples", "dot_peak")], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    want = {"avx512": "avx512 vpdpbusd", "avxvnni": "avxvnni vpdpbusd"}.get(tier, "avx2 vpmaddubsw + vpaddw")
+    for line in out.splitlines():
+        if line.startswith(want) and "skipped" not in line:
+            return float(line.rsplit(",", 1)[1]), want
+    return float("nan"), want
+
+
+def layer_macs(model: torch.nn.Module) -> int:
+    """Multiply-adds per prompt token in the layers' matrices (the lm_head reads only the last row)."""
+    return sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+
+
+def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("nan")) -> None:
     model, label = load(name)
+    macs = layer_macs(model)
     say(f"\n== {label}: KwkDecoder int8 / int4 and llama.cpp {', '.join(PEERS)}")
     decs = {p: KwkDecoder.from_hf(model, precision=p, max_batch=1, max_context=1024) for p in OURS}
     paths = peer_ggufs(name, model, kind)
@@ -99,7 +125,8 @@ def bench(name: str, rounds: int, kind: str, rows: list) -> None:
             row: list[Any] = [label, desc, bits, mb, med[c]["pp"], med[c]["tg"]]
             for p in PEERS:
                 row += [med[c]["pp"] / med[p]["pp"], med[c]["tg"] / med[p]["tg"]]
-            rows.append(row + [floor * med[c]["tg"]])
+            gmacs = macs * med[c]["pp"] / 1e9
+            rows.append(row + [floor * med[c]["tg"], gmacs, 100 * gmacs / peak])
         say(table(HEADERS, rows[-len(t) :]))
         say(f"  llama.cpp: {sysinfo.strip()}")
     finally:
@@ -117,14 +144,16 @@ def main() -> None:
     p.add_argument("--out", default=None, help="results/OUT.json (default quant, or quant_avx2 with --isa avx2)")
     a = p.parse_args()
     triad = start(a.isa)
+    peak, instr = peak_gmacs(kwker_torch.isa())
+    say(f"integer multiply-add peak ({instr}, 2 threads): {peak:.0f} GMAC/s")
     rows: list = []
     for name in a.models:
-        bench(name, a.rounds, a.isa, rows)
+        bench(name, a.rounds, a.isa, rows, peak)
     say("\n" + table(HEADERS, rows))
     end = stream_triad_gbs()
     say(f"\nSTREAM triad at the end {end:.1f} GB/s")
     out = {"triad_gbs": triad, "triad_gbs_end": end, "rounds": a.rounds, "cpu_flags": cpu_flags(), "isa": a.isa,
-           "rows": rows, "headers": HEADERS}  # fmt: skip
+           "rows": rows, "headers": HEADERS, "peak_gmacs": peak, "peak_instruction": instr}  # fmt: skip
     name = a.out or ("quant" if a.isa == "native" else "quant_avx2")
     say(f"saved {save(name, out)}")
 
