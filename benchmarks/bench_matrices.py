@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_decoder import cpu_flags, say  # noqa: E402
-from common import machine, stream_triad_gbs  # noqa: E402
+from common import machine, rust_example, stream_triad_gbs  # noqa: E402
 
 # hidden, intermediate, q rows, k/v rows of each model's layer (its published config).
 SHAPES = {
@@ -25,7 +24,6 @@ SHAPES = {
     "Qwen3-0.6B": (1024, 3072, 2048, 1024),
     "SmolLM2-1.7B": (2048, 8192, 2048, 2048),
 }
-ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def main() -> None:
@@ -35,13 +33,10 @@ def main() -> None:
     a = p.parse_args()
     say(machine())
     say(f"CPU flags: {cpu_flags()}")
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "kwker-kernels", "--example", "quant_stream"],
-                   cwd=ROOT, check=True)  # fmt: skip
-    exe = os.path.join(ROOT, "target", "release", "examples", "quant_stream")
     say(f"{a.model}: hidden, intermediate, q rows, k/v rows = {SHAPES[a.model]}")
     for r in range(a.rounds):
         say(f"\nround {r + 1}: STREAM triad {stream_triad_gbs():.1f} GB/s")
-        subprocess.run([exe, *map(str, SHAPES[a.model])], check=True)
+        rust_example("quant_stream", *map(str, SHAPES[a.model]))
     say(f"\nSTREAM triad at the end {stream_triad_gbs():.1f} GB/s")
 
 

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_decoder import cpu_flags, say  # noqa: E402
-from common import machine  # noqa: E402
-
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+from common import machine, rust_example  # noqa: E402
 
 
 def main() -> None:
@@ -27,9 +24,7 @@ def main() -> None:
     a = p.parse_args()
     say(machine())
     say(f"CPU flags: {cpu_flags()}")
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "kwker-kernels", "--example", "dot_peak"],
-                   cwd=ROOT, check=True)  # fmt: skip
-    subprocess.run([os.path.join(ROOT, "target", "release", "examples", "dot_peak"), str(a.seconds)], check=True)
+    rust_example("dot_peak", str(a.seconds))
 
 
 if __name__ == "__main__":

@@ -19,13 +19,12 @@ import argparse
 import gc
 import os
 import statistics
-import subprocess
 import time
 from typing import Any
 
 import torch
 from bench_decoder import MODELS, cpu_flags, ggufs, kwk_pp, kwk_tg, load, say, start
-from common import save, stream_triad_gbs, table
+from common import rust_example, save, stream_triad_gbs, table
 
 import kwker_torch
 from kwker_torch import KwkDecoder
@@ -65,11 +64,7 @@ def gguf_bits(path: str) -> tuple[float, float]:
 def peak_gmacs(tier: str) -> tuple[float, str]:
     """This CPU's integer multiply-add peak on 2 threads for the instruction ``tier``'s quantized tiles are built
     on (``rust/examples/dot_peak.rs``): AVX-512 / AVX-VNNI ``vpdpbusd``, AVX2 ``vpmaddubsw + vpaddw``."""
-    root = os.path.join(os.path.dirname(__file__), "..")
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "kwker-kernels", "--example", "dot_peak"],
-                   cwd=root, check=True)  # fmt: skip
-    out = subprocess.run([os.path.join(root, "target", "release", "examples", "dot_peak")], capture_output=True,
-                         text=True, check=True).stdout  # fmt: skip
+    out = rust_example("dot_peak")
     want = {"avx512": "avx512 vpdpbusd", "avxvnni": "avxvnni vpdpbusd"}.get(tier, "avx2 vpmaddubsw + vpaddw")
     for line in out.splitlines():
         if line.startswith(want) and "skipped" not in line:

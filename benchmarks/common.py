@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -76,3 +77,21 @@ def table(headers: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def rust_example(name: str, *args: str) -> str:
+    """Builds the kernels crate's example ``rust/examples/NAME.rs`` (release) and runs it with ``args``; its
+    output is echoed line by line as it comes and returned."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    cargo = ["cargo", "build", "--release", "-q", "-p", "kwker-kernels", "--example", name]
+    subprocess.run(cargo, cwd=root, check=True)
+    exe = os.path.join(root, "target", "release", "examples", name)
+    lines = []
+    with subprocess.Popen([exe, *args], stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+    if proc.returncode:
+        raise RuntimeError(f"{exe} exited with {proc.returncode}")
+    return "".join(lines)

@@ -62,11 +62,11 @@ def bench_path(version: str | None = None) -> Path:
     return cache_root() / f"ik_llama-{version or pinned_version()}-native" / "bin" / "llama-bench"
 
 
-def _run(cmd: list[str], log: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+def _run(cmd: list[str], log: Path) -> None:
     with log.open("a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
-        rc = subprocess.run(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise RuntimeError(f"building ik_llama.cpp failed at `{' '.join(cmd[:3])} ...` (exit {rc}); "
