@@ -284,7 +284,7 @@ unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
 /// Sixteen bytes (one per row) to two vectors of 8 f32s, unsigned or signed.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn bytes_f32(v: __m128i, signed: bool) -> [__m256; 2] {
+pub(super) unsafe fn bytes_f32(v: __m128i, signed: bool) -> [__m256; 2] {
     let hi = _mm_srli_si128::<8>(v);
     if signed {
         [
@@ -465,20 +465,14 @@ unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
 /// Sixteen f16s at `at` as two vectors of 8 f32s (rows 0-7, 8-15).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn f16x16(at: *const u8) -> [__m256; 2] {
+pub(super) unsafe fn f16x16(at: *const u8) -> [__m256; 2] {
     [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())))
 }
 
-/// Q4K sub-block `s` (of `t`) of the super-block at `blk`: each row's 6-bit scale in both i16 halves
-/// of its lane (rows 0-7, rows 8-15), for `vpmaddwd`; and `dmin * mc` per row as f32 (`mv` = dmin).
-#[target_feature(enable = "avx2,fma,f16c")]
+/// Q4K sub-block `s` (of `t`) of the super-block at `blk`: its 16 rows' 6-bit scales and mins as bytes, the
+/// 12-bit packing of `kblock.rs` undone. SSE2 only (the x86-64 baseline), so every tier calls it.
 #[inline]
-unsafe fn q4k_scales(
-    blk: *const u8,
-    t: usize,
-    s: usize,
-    mv: [__m256; 2],
-) -> ([__m256i; 2], [__m256; 2]) {
+pub(super) unsafe fn q4k_scale_bytes(blk: *const u8, t: usize, s: usize) -> (__m128i, __m128i) {
     let (n4, n3, n12) = (
         _mm_set1_epi8(0x0f),
         _mm_set1_epi8(0x03),
@@ -497,6 +491,20 @@ unsafe fn q4k_scales(
         _mm_and_si128(_mm_srli_epi16::<4>(lo), n4),
         _mm_slli_epi16::<2>(_mm_and_si128(hi, n12)),
     );
+    (sc, mc)
+}
+
+/// Q4K sub-block `s` (of `t`) of the super-block at `blk`: each row's 6-bit scale in both i16 halves
+/// of its lane (rows 0-7, rows 8-15), for `vpmaddwd`; and `dmin * mc` per row as f32 (`mv` = dmin).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn q4k_scales(
+    blk: *const u8,
+    t: usize,
+    s: usize,
+    mv: [__m256; 2],
+) -> ([__m256i; 2], [__m256; 2]) {
+    let (sc, mc) = q4k_scale_bytes(blk, t, s);
     let scp = [
         _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc, sc)),
         _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sc, sc)),

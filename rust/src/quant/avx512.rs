@@ -201,11 +201,6 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
     let mut y = [_mm512_setzero_ps(); M];
     let nib = _mm512_set1_epi8(0x0f);
-    let (n4, n3, n12) = (
-        _mm_set1_epi8(0x0f),
-        _mm_set1_epi8(0x03),
-        _mm_set1_epi8(0x0c),
-    );
     let q4k = f == Format::Q4K;
     for b in 0..lay.blocks() {
         let t = lay.subs(b);
@@ -228,19 +223,7 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full + line * 64).cast());
             }
             let (ds, dm) = if q4k {
-                let lo = _mm_loadu_si128(blk.add(64 + 16 * s).cast());
-                let mut hi = _mm_loadu_si128(blk.add(64 + 16 * t + 16 * (s / 2)).cast());
-                if s % 2 == 1 {
-                    hi = _mm_srli_epi16::<4>(hi);
-                }
-                let sc = _mm_or_si128(
-                    _mm_and_si128(lo, n4),
-                    _mm_slli_epi16::<4>(_mm_and_si128(hi, n3)),
-                );
-                let mc = _mm_or_si128(
-                    _mm_and_si128(_mm_srli_epi16::<4>(lo), n4),
-                    _mm_slli_epi16::<2>(_mm_and_si128(hi, n12)),
-                );
+                let (sc, mc) = super::avx2::q4k_scale_bytes(blk, t, s);
                 let f32s = |v: __m128i| _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
                 (_mm512_mul_ps(dv, f32s(sc)), _mm512_mul_ps(mv, f32s(mc)))
             } else {

@@ -45,6 +45,7 @@ macro_rules! vnni_kernels {
         use std::arch::x86_64::*;
         use std::ops::Range;
 
+        use crate::quant::avx2::{bytes_f32, f16x16, q4k_scale_bytes};
         use crate::quant::kblock::{Layout, SUBS};
         use crate::quant::{store, Format, Job, LO, QPANEL, QSUB};
 
@@ -134,10 +135,7 @@ macro_rules! vnni_kernels {
                         }
                     }
                 } else {
-                    let half = |at: *const u8| {
-                        [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())))
-                    };
-                    let (dv, mv) = (half(blk), half(blk.add(32)));
+                    let (dv, mv) = (f16x16(blk), f16x16(blk.add(32)));
                     // Two i32 chains per row (low and high nibbles), as the AVX-512 tier.
                     let mut acc = [[_mm256_setzero_si256(); 2]; M];
                     let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
@@ -173,18 +171,6 @@ macro_rules! vnni_kernels {
             }
         }
 
-        /// Sixteen bytes (one per row) to two vectors of 8 f32s, unsigned or signed.
-        #[target_feature(enable = $features)]
-        #[inline]
-        unsafe fn bytes_f32(v: __m128i, signed: bool) -> [__m256; 2] {
-            let hi = _mm_srli_si128::<8>(v);
-            if signed {
-                [v, hi].map(|v| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)))
-            } else {
-                [v, hi].map(|v| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)))
-            }
-        }
-
         #[target_feature(enable = $features)]
         #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
         unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
@@ -197,14 +183,7 @@ macro_rules! vnni_kernels {
             let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
             let mut y = [[_mm256_setzero_ps(); 2]; M];
             let nib = _mm256_set1_epi8(0x0f);
-            let (n4, n3, n12) = (
-                _mm_set1_epi8(0x0f),
-                _mm_set1_epi8(0x03),
-                _mm_set1_epi8(0x0c),
-            );
             let q4k = f == Format::Q4K;
-            let half =
-                |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
             for b in 0..lay.blocks() {
                 let t = lay.subs(b);
                 let blk = w.data().as_ptr().add(lay.at(p, b));
@@ -213,9 +192,9 @@ macro_rules! vnni_kernels {
                 for line in 0..4 {
                     _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
                 }
-                let dv = half(blk);
+                let dv = f16x16(blk);
                 let mv = if q4k {
-                    half(blk.add(32))
+                    f16x16(blk.add(32))
                 } else {
                     [_mm256_setzero_ps(); 2]
                 };
@@ -226,19 +205,7 @@ macro_rules! vnni_kernels {
                         _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full + line * 64).cast());
                     }
                     let (ds, dm) = if q4k {
-                        let lo = _mm_loadu_si128(blk.add(64 + 16 * s).cast());
-                        let mut hi = _mm_loadu_si128(blk.add(64 + 16 * t + 16 * (s / 2)).cast());
-                        if s % 2 == 1 {
-                            hi = _mm_srli_epi16::<4>(hi);
-                        }
-                        let sc = _mm_or_si128(
-                            _mm_and_si128(lo, n4),
-                            _mm_slli_epi16::<4>(_mm_and_si128(hi, n3)),
-                        );
-                        let mc = _mm_or_si128(
-                            _mm_and_si128(_mm_srli_epi16::<4>(lo), n4),
-                            _mm_slli_epi16::<2>(_mm_and_si128(hi, n12)),
-                        );
+                        let (sc, mc) = q4k_scale_bytes(blk, t, s);
                         let (scf, mcf) = (bytes_f32(sc, false), bytes_f32(mc, false));
                         (
                             [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
