@@ -2,8 +2,8 @@
 //! prompt step on the decoder's own pool, next to the same GEMVs run alone and a plain read-bandwidth
 //! loop, so the gap between "the step" and "the weights it reads" can be split into its parts.
 //!
-//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads] [bf16|q8|q4]`
-//! (q8/q4: every layer matrix quantized, the tied embedding/lm_head as q8).
+//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads] [bf16|q8|q4|q4k]`
+//! (q8/q4/q4k: every layer matrix quantized, the tied embedding/lm_head as q8, or q6k beside q4k as int4 stores it).
 //! Rates are bytes of weights per second (the memory-bound quantity) and tokens per second.
 
 use std::time::Instant;
@@ -155,6 +155,7 @@ fn build(s: &Shape, format: Option<Format>) -> Decoder {
         let w = random_bf16(rows * cols, seed);
         let store = match (t, format) {
             (_, None) => Store::AsGiven,
+            (Tensor::Embed, Some(Format::Q4K)) => Store::Quant(Format::Q6K, None),
             (Tensor::Embed, Some(_)) => Store::Quant(Format::Q8, None),
             (_, Some(f)) => Store::Quant(f, None),
         };
@@ -193,6 +194,7 @@ fn main() {
     let format = match args.get(3).map(String::as_str) {
         Some("q8") => Some(Format::Q8),
         Some("q4") => Some(Format::Q4),
+        Some("q4k") => Some(Format::Q4K),
         _ => None,
     };
     let mut dec = build(&s, format);

@@ -1,4 +1,4 @@
-//! In-cache rate of each format's kernels at m = 1, 2, 4 and 16 rows on one thread (compute bound, no memory
+//! In-cache rate of each format's kernels at m = 1, 2, 4, 16 and 64 rows on one thread (compute bound, no memory
 //! stalls): a matrix small enough for L2, called many times. Run: `cargo run --release --example quant_hot [n k]`.
 use std::hint::black_box;
 use std::time::Instant;
@@ -24,7 +24,7 @@ fn main() {
     let wf: Vec<f32> = (0..n * k)
         .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 504.0)
         .collect();
-    for m in [1usize, 2, 4, 16] {
+    for m in [1usize, 2, 4, 16, 64] {
         let xm: Vec<f32> = (0..m).flat_map(|_| x.iter().copied()).collect();
         for f in [Format::Q4K, Format::Q6K, Format::Q4, Format::Q8] {
             let opt = QuantOptions {
@@ -45,10 +45,11 @@ fn main() {
             }
             black_box(&y);
             println!(
-                "{} m={m} {n}x{k}: {:.2} us/call, {:.1} GB/s of weights",
+                "{} m={m} {n}x{k}: {:.2} us/call, {:.1} GB/s of weights, {:.1} GMAC/s",
                 f.name(),
                 best * 1e6,
-                w.bytes() as f64 / best / 1e9
+                w.bytes() as f64 / best / 1e9,
+                (m * n * k) as f64 / best / 1e9
             );
         }
     }

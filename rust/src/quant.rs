@@ -29,6 +29,8 @@ mod generic;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_rows;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avxvnni;
@@ -525,6 +527,15 @@ fn tier(isa: Isa) -> (PanelFn, QuantizeFn, &'static str) {
     }
     let _ = isa;
     (generic::panels, generic::quantize_rows, "generic")
+}
+
+/// Panels the calling thread has run through the AVX2 tier's many-rows path for Q4K and Q6K (each
+/// panel's super-blocks unpacked once for all rows; `quant/avx2_rows.rs`): how tests prove it ran.
+pub fn avx2_rows_panels_run() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return avx2_rows::panels_run();
+    #[cfg(not(target_arch = "x86_64"))]
+    0
 }
 
 /// The kernel family `quant_linear` runs for a tier on this CPU (for tests and logs).

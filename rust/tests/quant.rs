@@ -11,9 +11,9 @@ use kwker_kernels::isa;
 use kwker_kernels::par::{Parallel, ScopedThreads, Serial};
 use kwker_kernels::pool::SpinPool;
 use kwker_kernels::quant::{
-    kernel_name, quant_linear, quant_linear_group, quant_linear_vnni_emulated, quantize,
-    quantize_activations, quantize_block, Format, GroupItem, QActs, QuantOptions, QuantWeight, LO,
-    QSUB,
+    avx2_rows_panels_run, kernel_name, quant_linear, quant_linear_group,
+    quant_linear_vnni_emulated, quantize, quantize_activations, quantize_block, Format, GroupItem,
+    QActs, QuantOptions, QuantWeight, LO, QSUB,
 };
 
 fn opts(format: Format) -> QuantOptions<'static> {
@@ -449,17 +449,27 @@ fn a_group_equals_each_linear_alone_in_every_tier() {
 
 #[test]
 fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
-    // The server's exactness: a sequence's row in an m-row step (tiles of 2, 3 or 4 rows) gives the
-    // bits it gives alone (a 1-row tile), in every tier and format.
+    // The server's exactness: a sequence's row in an m-row step (tiles of 2, 3 or 4 rows; from 6 rows
+    // the AVX2 tier's unpacked-rows path for Q4K / Q6K, with 2-panel tiles and an odd last panel here:
+    // 3 panels, k = 576 ends in a short super-block) gives the bits it gives alone (a 1-row tile), in
+    // every tier and format.
     let mut rng = Rng::new(29);
     let (n, k) = (33, 576);
     for format in Format::ALL {
         let w = QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap());
-        for m in [2, 3, 4, 5, 9] {
+        for m in [2, 3, 4, 5, 7, 9, 17] {
             let x = rng.vec(m * k);
             for tier in isa::supported() {
                 let mut all = vec![0.0; m * n];
+                let before = avx2_rows_panels_run();
                 quant_linear(tier, &Serial, &x, m, &w, None, &mut all);
+                let rows_path = kernel_name(tier) == "avx2" && format.is_super() && m >= 6;
+                assert_eq!(
+                    avx2_rows_panels_run() - before,
+                    if rows_path { 3 } else { 0 },
+                    "{} {format:?} m = {m}: panels through the unpacked-rows path",
+                    tier.name()
+                );
                 for i in 0..m {
                     let mut one = vec![0.0; n];
                     quant_linear(tier, &Serial, &x[i * k..(i + 1) * k], 1, &w, None, &mut one);

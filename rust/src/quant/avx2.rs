@@ -19,6 +19,9 @@
 //! same value as the scalar tier's to float32 rounding). Rows of one call are computed alike,
 //! whichever tile they fall in.
 //!
+//! From `avx2_rows::MIN_ROWS` rows (prompts, batched steps) Q4K and Q6K go to `avx2_rows`, which unpacks
+//! each panel's super-block once for all rows and computes every row bit for bit as the tiles here.
+//!
 //! Weights are prefetched ahead of the block being read, every cache line of it: on a Zen 3 (AVX2,
 //! no AVX-512) a layer's q4 / q4k / q6k matrices streamed at 0.43-0.62 of a plain 2-thread read with
 //! one line prefetched, 0.82-0.99 with every line (`benchmarks/bench_matrices.py`).
@@ -271,7 +274,7 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
 
 /// Q6K's high bits of code vector `v` moved to bits 4-5 of each byte (see the AVX-512 tier).
 #[inline(always)]
-unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
+pub(super) unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
     let m = _mm256_set1_epi8(0x30);
     match v % 4 {
         0 => _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m),
@@ -498,7 +501,7 @@ pub(super) unsafe fn q4k_scale_bytes(blk: *const u8, t: usize, s: usize) -> (__m
 /// of its lane (rows 0-7, rows 8-15), for `vpmaddwd`; and `dmin * mc` per row as f32 (`mv` = dmin).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn q4k_scales(
+pub(super) unsafe fn q4k_scales(
     blk: *const u8,
     t: usize,
     s: usize,
@@ -525,6 +528,9 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
         job.w.format != Format::Q8 || job.acts.fine.len() >= job.m * job.w.k(),
         "quant avx2: Q8 needs the activations this tier quantized (their i16 fine codes)"
     );
+    if sup && job.m >= super::avx2_rows::MIN_ROWS {
+        return super::avx2_rows::panels(job, panels);
+    }
     for p in panels {
         let mut i0 = 0;
         while i0 < job.m {
