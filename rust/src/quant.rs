@@ -765,11 +765,20 @@ pub(crate) unsafe fn store(job: &Job<'_>, i: usize, p: usize, sums: &[f32; QPANE
     let n = job.w.n;
     let j0 = p * QPANEL;
     let live = QPANEL.min(n - j0);
-    let y = job.y.get().add(i * n + j0);
-    for (r, &s) in sums.iter().enumerate().take(live) {
-        *y.add(r) = match job.bias {
-            Some(b) => s + b[j0 + r],
-            None => s,
-        };
+    // SAFETY: row i's columns j0..j0 + live are inside y's m * n values and only this task writes them.
+    let y = std::slice::from_raw_parts_mut(job.y.get().add(i * n + j0), live);
+    // Slices, not indexed writes: the loops compile to vector moves (a prompt stores millions of rows).
+    match job.bias {
+        Some(b) => {
+            for ((o, &s), &bj) in y.iter_mut().zip(sums).zip(&b[j0..j0 + live]) {
+                *o = s + bj;
+            }
+        }
+        // A whole panel as one fixed-size copy (a call to memmove for 16 values cost more than it moved).
+        None if live == QPANEL => {
+            let y: &mut [f32; QPANEL] = y.try_into().unwrap();
+            *y = *sums;
+        }
+        None => y.copy_from_slice(&sums[..live]),
     }
 }
