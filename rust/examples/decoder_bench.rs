@@ -2,7 +2,7 @@
 //! prompt step on the decoder's own pool, next to the same GEMVs run alone and a plain read-bandwidth
 //! loop, so the gap between "the step" and "the weights it reads" can be split into its parts.
 //!
-//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads] [bf16|q8|q4|q4k]`
+//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads] [bf16|q8|q4|q4k] [steps]`
 //! (q8/q4/q4k: every layer matrix quantized, the tied embedding/lm_head as q8, or q6k beside q4k as int4 stores it).
 //! Rates are bytes of weights per second (the memory-bound quantity) and tokens per second.
 
@@ -249,7 +249,9 @@ fn main() {
         .collect();
     let maxk = s.hidden.max(s.inter);
     let maxn = s.vocab.max(2 * s.inter);
-    for rows in [1usize, 8, 64, 512] {
+    // A fourth argument `steps` skips to the decode and prompt steps (for a profiler).
+    let only_steps = args.get(4).map(String::as_str) == Some("steps");
+    for rows in [1usize, 8, 64, 512].into_iter().filter(|_| !only_steps) {
         let x = vec![0.01f32; maxk * rows];
         let mut y = vec![0.0f32; maxn * rows];
         let (mut tp, mut tr) = (Vec::new(), Vec::new());

@@ -181,6 +181,8 @@ unsafe fn q4k_tile<const P: usize>(
 /// (`tile(job, u, t, sb0, i0, yacc)` takes rows i0.. and returns how many it did).
 struct Path {
     super_bytes: usize,
+    /// Bytes of a full packed super-block (what is prefetched).
+    super_packed: usize,
     unpack: unsafe fn(*const u8, usize, *mut u8),
     tile: unsafe fn(&Job<'_>, *const u8, usize, usize, usize, *mut f32) -> usize,
 }
@@ -204,6 +206,17 @@ unsafe fn drive<const P: usize>(job: &Job<'_>, p0: usize, path: &Path) {
             for j in 0..P {
                 let blk = w.data().as_ptr().add(lay.at(p0 + j, b));
                 (path.unpack)(blk, t, u.add(j * path.super_bytes));
+            }
+            if b + 1 < lay.blocks() {
+                // The next super-block's bytes, fetched while the rows compute on this one: a batched
+                // decode step streams its weights from memory through here (on the Zen 3, 8 rows of a
+                // 38 MB Q4K matrix took 5.5 ms with it, 7.0 without).
+                for j in 0..P {
+                    let next = w.data().as_ptr().add(lay.at(p0 + j, b + 1));
+                    for line in 0..path.super_packed.div_ceil(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(next.add(64 * line).cast());
+                    }
+                }
             }
             let mut i0 = 0;
             while i0 < m {
@@ -229,6 +242,7 @@ pub(super) unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
     if job.w.format == Format::Q6K {
         let path = Path {
             super_bytes: Q6_SUPER_BYTES,
+            super_packed: Format::Q6K.block_bytes(),
             unpack: unpack_q6k,
             tile: q6k_tile,
         };
@@ -239,6 +253,7 @@ pub(super) unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
     }
     let one = Path {
         super_bytes: SUPER_BYTES,
+        super_packed: Format::Q4K.block_bytes(),
         unpack,
         tile: q4k_tile::<1>,
     };
