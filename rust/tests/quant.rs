@@ -152,7 +152,13 @@ fn split_across_the_decoders_pool_equals_serial() {
     let mut rng = Rng::new(22);
     let pool = SpinPool::new(3);
     for format in Format::ALL {
-        for &(m, n, k) in &[(1, 4096, 256), (8, 1000, 576), (40, 520, 320)] {
+        // The last shape is big enough (67200 values) for its activations to be quantized in two tasks.
+        for &(m, n, k) in &[
+            (1, 4096, 256),
+            (8, 1000, 576),
+            (40, 520, 320),
+            (210, 40, 320),
+        ] {
             let x = rng.vec(m * k);
             let w = QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap());
             for tier in isa::supported() {

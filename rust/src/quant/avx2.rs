@@ -30,7 +30,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::kblock::{Layout, SUBS};
-use super::{block_scale, store, BlockCodes, Format, Job, QActs, LO, QPANEL, QSUB};
+use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
 /// x rows per register tile: 2 rows x 2 halves of i32 sums and of f32 outputs (Q4K tiles of 4
@@ -74,10 +74,10 @@ unsafe fn store_codes(c: [__m256i; 4], out: *mut i8) {
 }
 
 /// # Safety
-/// The CPU supports the tier (`usable`); `acts` sized for x (`quantize_activations`).
+/// The CPU supports the tier (`usable`); `out` holds x's blocks, `fine` included (`quantize_activations`),
+/// and no other thread writes them.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
-    acts.fine.resize(x.len(), 0);
+pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
     let sign = _mm256_set1_ps(-0.0);
     let (lo, hi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
     for b in 0..x.len() / QSUB {
@@ -119,8 +119,8 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
                 _mm256_add_epi32(c[2], c[3]),
             ))
         };
-        store_codes(c, acts.q.as_mut_ptr().add(b * QSUB));
-        store_codes(c2, acts.q2.as_mut_ptr().add(b * QSUB));
+        store_codes(c, out.q.add(b * QSUB));
+        store_codes(c2, out.q2.add(b * QSUB));
         // fine = LO * q + q2 (within i16: |.| <= 254 * 127 + 127), in k order for the Q8 kernel.
         let lo = _mm256_set1_epi32(LO);
         let f: [__m256i; 4] =
@@ -128,10 +128,10 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
         for (h, pair) in [(0, [f[0], f[1]]), (1, [f[2], f[3]])] {
             // packs interleaves the two inputs' 128-bit halves; the permute restores k order.
             let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(pair[0], pair[1]));
-            _mm256_storeu_si256(acts.fine.as_mut_ptr().add(b * QSUB + 16 * h).cast(), v);
+            _mm256_storeu_si256(out.fine.add(b * QSUB + 16 * h).cast(), v);
         }
         let (s1, s2) = (sum(c), sum(c2));
-        acts.put(b, BlockCodes::new(dd, s1, s2));
+        out.put(b, BlockCodes::new(dd, s1, s2));
     }
 }
 

@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::kblock::{Layout, SUBS};
-use super::{block_scale, store, BlockCodes, Format, Job, QActs, LO, QPANEL, QSUB};
+use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
 /// x rows per register tile: 8 (Q8: 16) i32 sums and 8 f32 outputs, plus the weight vectors.
@@ -30,9 +30,10 @@ pub fn usable() -> bool {
 }
 
 /// # Safety
-/// The CPU supports the tier (`usable`); `acts` sized for x (`quantize_activations`).
+/// The CPU supports the tier (`usable`); `out` holds x's blocks (`quantize_activations`) and no other
+/// thread writes them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
-pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
+pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
     let sign = _mm512_set1_ps(-0.0);
     let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
     for b in 0..x.len() / QSUB {
@@ -60,16 +61,13 @@ pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
                 hi,
             );
             let at = b * QSUB + h * 16;
-            _mm_storeu_si128(acts.q.as_mut_ptr().add(at).cast(), _mm512_cvtepi32_epi8(c));
-            _mm_storeu_si128(
-                acts.q2.as_mut_ptr().add(at).cast(),
-                _mm512_cvtepi32_epi8(c2),
-            );
+            _mm_storeu_si128(out.q.add(at).cast(), _mm512_cvtepi32_epi8(c));
+            _mm_storeu_si128(out.q2.add(at).cast(), _mm512_cvtepi32_epi8(c2));
             s1 = _mm512_add_epi32(s1, c);
             s2 = _mm512_add_epi32(s2, c2);
         }
         let (s1, s2) = (_mm512_reduce_add_epi32(s1), _mm512_reduce_add_epi32(s2));
-        acts.put(b, BlockCodes::new(dd, s1, s2));
+        out.put(b, BlockCodes::new(dd, s1, s2));
     }
 }
 

@@ -9,15 +9,15 @@
 use std::ops::Range;
 
 use super::kblock::{code, sub_scales, super_bytes, Layout, SUBS};
-use super::{f16_to_f32, quantize_block, store, Format, Job, QActs, LO, QPANEL, QSUB};
+use super::{f16_to_f32, quantize_block, store, ActsOut, Format, Job, LO, QPANEL, QSUB};
 
 /// # Safety
-/// `acts` sized for x (`quantize_activations`).
-pub unsafe fn quantize_rows(x: &[f32], acts: &mut QActs) {
+/// `out` holds x's blocks (`quantize_activations`) and no other thread writes them.
+pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
     for (b, xb) in x.chunks_exact(QSUB).enumerate() {
-        let at = b * QSUB..(b + 1) * QSUB;
-        let c = quantize_block(xb, &mut acts.q[at.clone()], &mut acts.q2[at]);
-        acts.put(b, c);
+        let q = std::slice::from_raw_parts_mut(out.q.add(b * QSUB), QSUB);
+        let q2 = std::slice::from_raw_parts_mut(out.q2.add(b * QSUB), QSUB);
+        out.put(b, quantize_block(xb, q, q2));
     }
 }
 
