@@ -6,7 +6,12 @@
 //! once per row pair. Q4K tiles are 2 rows x 2 panels (32 output rows: one activation broadcast feeds
 //! four `vpmaddubsw`), or 4 rows x 1 panel for an odd last panel; Q6K tiles 3 rows x 1 panel (its i32
 //! widening needs registers). Measured on a Zen 3 (one thread, in cache, `examples/quant_hot`): Q4K
-//! 1.2x and Q6K 1.35-1.4x the 2-row tiles from 16 rows, about even at 4 rows (hence `MIN_ROWS`).
+//! 1.2x and Q6K 1.35-1.4x the 2-row tiles from 16 rows, about even at 4 rows (hence `MIN_ROWS`). The
+//! next super-block is prefetched while the rows compute, for batched decode steps that stream weights.
+//!
+//! Every function here is `unsafe` for the same reasons: the CPU must have AVX2, FMA and F16C, and `job`
+//! must satisfy `quant_linear`'s length contract (pointers into the weights, activations and scratch are
+//! computed from its shapes).
 //!
 //! Numerical contract: the same integer sums and the same float operations in the same order as the
 //! AVX2 tier's tiles (Q4K as `tile_q4k`: per sub-block `ya += cvt(madd(acc, sc)) * dx`, `y -= (dmin *
@@ -15,7 +20,6 @@
 //! result is bit-identical to that row alone through the 1-row tiles (the server's exactness).
 
 use std::arch::x86_64::*;
-
 use std::cell::Cell;
 use std::ops::Range;
 
@@ -39,6 +43,7 @@ thread_local! {
 pub fn panels_run() -> usize {
     PANELS_RUN.with(Cell::get)
 }
+
 /// Bytes of one unpacked Q4K sub-block: i16 scales (2 halves x 32 B), `dmin * mc` (2 x 32 B), then per
 /// group of 8 k and half panel the low- and high-nibble bytes (4 x 2 x 64 B).
 const SUB_BYTES: usize = 128 + 4 * 2 * 64;
@@ -48,7 +53,7 @@ const SUPER_BYTES: usize = 64 + SUBS * SUB_BYTES;
 /// Unpacks super-block `blk` of `t` sub-blocks into `u` (`SUPER_BYTES`, 32-byte aligned).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn unpack(blk: *const u8, t: usize, u: *mut u8) {
-    let f = super::Format::Q4K;
+    let f = Format::Q4K;
     let nib = _mm256_set1_epi8(0x0f);
     let (dv, mv) = (f16x16(blk), f16x16(blk.add(32)));
     _mm256_store_ps(u.cast(), dv[0]);
