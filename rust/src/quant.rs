@@ -24,6 +24,7 @@
 //! AVX2 tier's Q4K in the order of the same terms, see `avx2`), so the result is a float linear of the
 //! dequantized weights and the rounded activations, up to f32 rounding.
 
+mod acts;
 mod generic;
 
 #[cfg(target_arch = "x86_64")]
@@ -42,6 +43,9 @@ pub mod kblock;
 use std::cell::RefCell;
 use std::ops::Range;
 
+pub use acts::quantize_activations;
+use acts::quantize_par;
+pub(crate) use acts::ActsOut;
 pub use f16::{f16_to_f32, f32_to_f16};
 pub use fit::{quantize, QuantOptions};
 
@@ -488,73 +492,6 @@ impl BlockCodes {
     }
 }
 
-/// Where a tier's quantizer writes its x's block 0: raw pointers into a `QActs` sized by
-/// `quantize_activations`, possibly offset to a later block (`at`), so that row ranges of one x are
-/// quantized by several threads into one buffer. `fine` is null for tiers that do not write it.
-#[derive(Clone, Copy)]
-pub(crate) struct ActsOut {
-    pub q: *mut i8,
-    pub q2: *mut i8,
-    pub fine: *mut i16,
-    d: *mut f32,
-    s: *mut f32,
-    d_fine: *mut f32,
-    s_fine: *mut i32,
-}
-
-// SAFETY: an ActsOut is only shared by tasks that write disjoint block ranges of it (`quantize_par`).
-unsafe impl Sync for ActsOut {}
-
-impl ActsOut {
-    fn of(acts: &mut QActs) -> ActsOut {
-        ActsOut {
-            q: acts.q.as_mut_ptr(),
-            q2: acts.q2.as_mut_ptr(),
-            fine: if acts.fine.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                acts.fine.as_mut_ptr()
-            },
-            d: acts.d.as_mut_ptr(),
-            s: acts.s.as_mut_ptr(),
-            d_fine: acts.d_fine.as_mut_ptr(),
-            s_fine: acts.s_fine.as_mut_ptr(),
-        }
-    }
-
-    /// The same buffers from block `b` on.
-    ///
-    /// # Safety
-    /// Block b lies inside the buffers.
-    unsafe fn at(self, b: usize) -> ActsOut {
-        ActsOut {
-            q: self.q.add(b * QSUB),
-            q2: self.q2.add(b * QSUB),
-            fine: if self.fine.is_null() {
-                self.fine
-            } else {
-                self.fine.add(b * QSUB)
-            },
-            d: self.d.add(b),
-            s: self.s.add(b),
-            d_fine: self.d_fine.add(b),
-            s_fine: self.s_fine.add(b),
-        }
-    }
-
-    /// Stores block `b`'s scales and sums.
-    ///
-    /// # Safety
-    /// Block b lies inside the buffers and no other thread writes it.
-    #[inline]
-    pub(crate) unsafe fn put(self, b: usize, c: BlockCodes) {
-        *self.d.add(b) = c.d;
-        *self.s.add(b) = c.s as f32;
-        *self.d_fine.add(b) = c.d_fine;
-        *self.s_fine.add(b) = c.s_fine;
-    }
-}
-
 /// One call's inputs, as every tier's `panels` reads them.
 pub(crate) struct Job<'a> {
     pub acts: &'a QActs,
@@ -605,70 +542,6 @@ pub fn kernel_name(isa: Isa) -> &'static str {
 thread_local! {
     /// Each calling thread's activation buffers, reused across calls.
     static ACTS: RefCell<QActs> = RefCell::new(QActs::default());
-}
-
-/// Quantizes x (rows of k, k a multiple of 32, `x.len()` a multiple of k) per 32-block into `acts`
-/// with `isa`'s kernel: bit-identical to `quantize_block` in every tier.
-pub fn quantize_activations(isa: Isa, x: &[f32], acts: &mut QActs) {
-    let quantize = size_acts(isa, x, acts);
-    // SAFETY: the tier is supported and every buffer was sized for x (size_acts).
-    unsafe { quantize(x, ActsOut::of(acts)) };
-}
-
-/// Checks x and `isa`, sizes `acts` for x, and returns the tier's quantizer.
-fn size_acts(isa: Isa, x: &[f32], acts: &mut QActs) -> QuantizeFn {
-    assert!(
-        x.len().is_multiple_of(QSUB),
-        "quantize_activations: {} values are not whole 32-blocks",
-        x.len()
-    );
-    assert!(
-        isa.is_supported(),
-        "quantize_activations: tier {} is not supported by this CPU",
-        isa.name()
-    );
-    let nsub = x.len() / QSUB;
-    acts.q.resize(x.len(), 0);
-    acts.q2.resize(x.len(), 0);
-    for v in [&mut acts.d, &mut acts.s, &mut acts.d_fine] {
-        v.resize(nsub, 0.0);
-    }
-    acts.s_fine.resize(nsub, 0);
-    let (_, quantize, _, fine) = tier(isa);
-    if fine {
-        acts.fine.resize(x.len(), 0);
-    } else {
-        acts.fine.clear();
-    }
-    quantize
-}
-
-/// Values from which activation quantization is split across the pool (a task's share of a prompt's
-/// rows; below it, waking the pool costs more than it saves).
-const MIN_QUANT_VALUES_PER_TASK: usize = 1 << 15;
-
-/// `quantize_activations` of x's rows of k, row ranges on the pool's threads: the same codes (each
-/// 32-block is quantized alone), written into `acts` by disjoint tasks. A prompt's rows otherwise
-/// quantize on the calling thread while the others wait (3-7 % of an int4 SmolLM2-135M prompt).
-fn quantize_par(isa: Isa, par: &dyn Parallel, x: &[f32], k: usize, acts: &mut QActs) {
-    let rows = x.len() / k;
-    let parts = par
-        .num_threads()
-        .min(rows)
-        .min(x.len() / MIN_QUANT_VALUES_PER_TASK);
-    if parts <= 1 {
-        return quantize_activations(isa, x, acts);
-    }
-    let quantize = size_acts(isa, x, acts);
-    let out = ActsOut::of(acts);
-    let chunks = chunk_ranges(rows, parts, 1);
-    let task = |i: usize| {
-        let r = &chunks[i];
-        // SAFETY: supported tier, buffers sized for x (size_acts); the chunks are disjoint row ranges,
-        // so each task writes its own blocks (k is a multiple of 32: rows start on block boundaries).
-        unsafe { quantize(&x[r.start * k..r.end * k], out.at(r.start * k / QSUB)) }
-    };
-    run_tasks(par, chunks.len(), &task);
 }
 
 /// y[i, j] = sum_kk x[i, kk] * w[j, kk] (+ bias[j]) with w quantized and x quantized per 32-block
