@@ -171,7 +171,6 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     let ones = _mm256_set1_epi16(1);
     // Swaps rows 2, 3 with 4, 5 of eight (its own inverse): the order hadd leaves Q8's sums in.
     let q8_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    let nib = _mm256_set1_epi8(0x0f);
     for b in 0..nb {
         let blk = base.add(b * bb);
         prefetch(f, blk, bb);
@@ -227,23 +226,14 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 ];
                 let mut acc = [[_mm256_setzero_si256(); 2]; M];
                 for g in 0..4 {
-                    let at = blk.add(64 + g * 64);
-                    let v = [
-                        _mm256_loadu_si256(at.cast()),
-                        _mm256_loadu_si256(at.add(32).cast()),
-                    ];
-                    let lo = [_mm256_and_si256(v[0], nib), _mm256_and_si256(v[1], nib)];
-                    let hi = [
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v[0]), nib),
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v[1]), nib),
-                    ];
+                    let c = q4_codes(blk.add(64 + g * 64));
                     for r in 0..M {
                         let xr = xq.add(r * k + b * QSUB + g * 8);
                         let (xa, xb) = (bx(xr), bx(xr.add(4)));
                         for s in 0..2 {
                             let pr = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(lo[s], xa),
-                                _mm256_maddubs_epi16(hi[s], xb),
+                                _mm256_maddubs_epi16(c[s][0], xa),
+                                _mm256_maddubs_epi16(c[s][1], xb),
                             );
                             acc[r][s] = _mm256_add_epi16(acc[r][s], pr);
                         }
@@ -272,9 +262,40 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     }
 }
 
+/// One group of 8 k of a 16-row panel in Q4's layout (64 bytes at `at`): per half panel h (rows 0-7,
+/// 8-15) the low nibbles (k 8g..8g+3) and the high nibbles (k 8g+4..8g+7) as bytes, `[h][nibble]`.
+/// Shared by the Q4 and Q4K tiles and by `avx2_rows`' unpacking.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4_codes(at: *const u8) -> [[__m256i; 2]; 2] {
+    let nib = _mm256_set1_epi8(0x0f);
+    [0, 32].map(|o| {
+        let v = _mm256_loadu_si256(at.add(o).cast());
+        [
+            _mm256_and_si256(v, nib),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib),
+        ]
+    })
+}
+
+/// Group g of the Q6K sub-block whose codes start at `cp`: as `q4_codes`, each byte completed with its
+/// 2 high bits (whole codes 0..=63). Shared by `tile_super` and `avx2_rows`' unpacking.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q6k_codes(cp: *const u8, g: usize) -> [[__m256i; 2]; 2] {
+    let mut c = q4_codes(cp.add(g * 64));
+    let hp = cp.add(256 + (g / 2) * 64);
+    for (h, ch) in c.iter_mut().enumerate() {
+        let hb = _mm256_loadu_si256(hp.add(32 * h).cast());
+        ch[0] = _mm256_or_si256(ch[0], high_bits(hb, 2 * g));
+        ch[1] = _mm256_or_si256(ch[1], high_bits(hb, 2 * g + 1));
+    }
+    c
+}
+
 /// Q6K's high bits of code vector `v` moved to bits 4-5 of each byte (see the AVX-512 tier).
 #[inline(always)]
-pub(super) unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
+unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
     let m = _mm256_set1_epi8(0x30);
     match v % 4 {
         0 => _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m),
@@ -314,7 +335,6 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
     let mut y = [[_mm256_setzero_ps(); 2]; M];
     let ones = _mm256_set1_epi16(1);
-    let nib = _mm256_set1_epi8(0x0f);
     let half = |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
     for b in 0..lay.blocks() {
         let t = lay.subs(b);
@@ -337,29 +357,14 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
             // i32 sums, widened per group (two nibble products of 6-bit codes fill an i16).
             let mut acc = [[_mm256_setzero_si256(); 2]; M];
             for g in 0..4 {
-                let at = cp.add(g * 64);
-                let v = [
-                    _mm256_loadu_si256(at.cast()),
-                    _mm256_loadu_si256(at.add(32).cast()),
-                ];
-                let hp = cp.add(256 + (g / 2) * 64);
-                let mut lo = [_mm256_and_si256(v[0], nib), _mm256_and_si256(v[1], nib)];
-                let mut hi = [
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[0]), nib),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[1]), nib),
-                ];
-                for h in 0..2 {
-                    let hb = _mm256_loadu_si256(hp.add(32 * h).cast());
-                    lo[h] = _mm256_or_si256(lo[h], high_bits(hb, 2 * g));
-                    hi[h] = _mm256_or_si256(hi[h], high_bits(hb, 2 * g + 1));
-                }
+                let c = q6k_codes(cp, g);
                 for r in 0..M {
                     let xr = xq.add(r * k + sb * QSUB + g * 8);
                     let (xa, xb) = (bx(xr), bx(xr.add(4)));
                     for h in 0..2 {
                         let pr = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(lo[h], xa),
-                            _mm256_maddubs_epi16(hi[h], xb),
+                            _mm256_maddubs_epi16(c[h][0], xa),
+                            _mm256_maddubs_epi16(c[h][1], xb),
                         );
                         acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, ones));
                     }
@@ -400,7 +405,6 @@ unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
     let xq = a.q.as_ptr().add(i0 * k);
     let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
     let mut y = [[_mm256_setzero_ps(); 2]; M];
-    let nib = _mm256_set1_epi8(0x0f);
     for b in 0..lay.blocks() {
         let t = lay.subs(b);
         let blk = w.data().as_ptr().add(lay.at(p, b));
@@ -419,23 +423,14 @@ unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
             let (scp, dm) = q4k_scales(blk, t, s, mv);
             let mut acc = [[_mm256_setzero_si256(); 2]; M];
             for g in 0..4 {
-                let at = cp.add(g * 64);
-                let v = [
-                    _mm256_loadu_si256(at.cast()),
-                    _mm256_loadu_si256(at.add(32).cast()),
-                ];
-                let lo = [_mm256_and_si256(v[0], nib), _mm256_and_si256(v[1], nib)];
-                let hi = [
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[0]), nib),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v[1]), nib),
-                ];
+                let c = q4_codes(cp.add(g * 64));
                 for r in 0..M {
                     let xr = xq.add(r * k + sb * QSUB + g * 8);
                     let (xa, xb) = (bx(xr), bx(xr.add(4)));
                     for h in 0..2 {
                         let pr = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(lo[h], xa),
-                            _mm256_maddubs_epi16(hi[h], xb),
+                            _mm256_maddubs_epi16(c[h][0], xa),
+                            _mm256_maddubs_epi16(c[h][1], xb),
                         );
                         acc[r][h] = _mm256_add_epi16(acc[r][h], pr);
                     }

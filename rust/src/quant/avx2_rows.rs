@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
-use super::avx2::{bytes_f32, f16x16, high_bits, q4k_scales};
+use super::avx2::{bytes_f32, f16x16, q4_codes, q4k_scales, q6k_codes};
 use super::kblock::{Layout, SUBS};
 use super::{store, Format, Job, QPANEL, QSUB};
 use crate::scratch::with_scratch;
@@ -54,7 +54,6 @@ const SUPER_BYTES: usize = 64 + SUBS * SUB_BYTES;
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn unpack(blk: *const u8, t: usize, u: *mut u8) {
     let f = Format::Q4K;
-    let nib = _mm256_set1_epi8(0x0f);
     let (dv, mv) = (f16x16(blk), f16x16(blk.add(32)));
     _mm256_store_ps(u.cast(), dv[0]);
     _mm256_store_ps(u.add(32).cast(), dv[1]);
@@ -67,12 +66,10 @@ unsafe fn unpack(blk: *const u8, t: usize, u: *mut u8) {
         _mm256_store_ps(o.add(96).cast(), dm[1]);
         let cp = blk.add(Layout::codes_at(f, t, s));
         for g in 0..4 {
-            for h in 0..2 {
-                let v = _mm256_loadu_si256(cp.add(g * 64 + h * 32).cast());
+            for (h, c) in q4_codes(cp.add(g * 64)).into_iter().enumerate() {
                 let at = o.add(128 + g * 128 + h * 64);
-                _mm256_store_si256(at.cast(), _mm256_and_si256(v, nib));
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                _mm256_store_si256(at.add(32).cast(), hi);
+                _mm256_store_si256(at.cast(), c[0]);
+                _mm256_store_si256(at.add(32).cast(), c[1]);
             }
         }
     }
@@ -81,6 +78,28 @@ unsafe fn unpack(blk: *const u8, t: usize, u: *mut u8) {
 #[inline(always)]
 unsafe fn bx(p: *const i8) -> __m256i {
     _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
+}
+
+/// Row i0's activations: k, sub-blocks per row, its int8 codes, and its per-32 scales and code sums.
+#[inline(always)]
+unsafe fn row_acts(job: &Job<'_>, i0: usize) -> (usize, usize, *const i8, *const f32, *const f32) {
+    let (a, k) = (job.acts, job.w.k());
+    let nsub = k / QSUB;
+    let xq = a.q.as_ptr().add(i0 * k);
+    (
+        k,
+        nsub,
+        xq,
+        a.d.as_ptr().add(i0 * nsub),
+        a.s.as_ptr().add(i0 * nsub),
+    )
+}
+
+/// M rows of y, Q vectors of 8 each (row stride 8 Q f32), from the scratch that carries them.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load_y<const M: usize, const Q: usize>(yacc: *const f32) -> [[__m256; Q]; M] {
+    std::array::from_fn(|r| std::array::from_fn(|q| _mm256_loadu_ps(yacc.add(r * 8 * Q + 8 * q))))
 }
 
 /// Rows i0..i0+M against Q half panels (Q / 2 panels unpacked one after another at `u`), over one
@@ -95,18 +114,10 @@ unsafe fn rows<const M: usize, const Q: usize>(
     i0: usize,
     yacc: *mut f32,
 ) {
-    let a = job.acts;
-    let (k, nsub) = (job.w.k(), job.w.k() / QSUB);
-    let xq = a.q.as_ptr().add(i0 * k);
-    let (dxs, sxs) = (a.d.as_ptr().add(i0 * nsub), a.s.as_ptr().add(i0 * nsub));
+    let (k, nsub, xq, dxs, sxs) = row_acts(job, i0);
     // Half panel q's unpacked super-block and its offset within a sub-block's groups.
     let half = |q: usize| (u.add((q / 2) * SUPER_BYTES), q % 2);
-    let mut y = [[_mm256_setzero_ps(); Q]; M];
-    for r in 0..M {
-        for q in 0..Q {
-            y[r][q] = _mm256_loadu_ps(yacc.add(r * 8 * Q + 8 * q));
-        }
-    }
+    let mut y = load_y::<M, Q>(yacc);
     let mut ya = [[_mm256_setzero_ps(); Q]; M];
     for s in 0..t {
         let sb = sb0 + s;
@@ -287,7 +298,6 @@ const Q6_SUPER_BYTES: usize = SUBS * Q6_SUB_BYTES;
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn unpack_q6k(blk: *const u8, t: usize, u: *mut u8) {
     let f = Format::Q6K;
-    let nib = _mm256_set1_epi8(0x0f);
     let dv = f16x16(blk);
     for s in 0..t {
         let o = u.add(s * Q6_SUB_BYTES);
@@ -296,18 +306,10 @@ unsafe fn unpack_q6k(blk: *const u8, t: usize, u: *mut u8) {
         _mm256_store_ps(o.add(32).cast(), _mm256_mul_ps(dv[1], scf[1]));
         let cp = blk.add(Layout::codes_at(f, t, s));
         for g in 0..4 {
-            let hp = cp.add(256 + (g / 2) * 64);
-            for h in 0..2 {
-                let v = _mm256_loadu_si256(cp.add(g * 64 + h * 32).cast());
-                let hb = _mm256_loadu_si256(hp.add(32 * h).cast());
-                let lo = _mm256_or_si256(_mm256_and_si256(v, nib), high_bits(hb, 2 * g));
-                let hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib),
-                    high_bits(hb, 2 * g + 1),
-                );
+            for (h, c) in q6k_codes(cp, g).into_iter().enumerate() {
                 let at = o.add(64 + g * 128 + h * 64);
-                _mm256_store_si256(at.cast(), lo);
-                _mm256_store_si256(at.add(32).cast(), hi);
+                _mm256_store_si256(at.cast(), c[0]);
+                _mm256_store_si256(at.add(32).cast(), c[1]);
             }
         }
     }
@@ -326,17 +328,9 @@ unsafe fn rows_q6k<const M: usize>(
     i0: usize,
     yacc: *mut f32,
 ) {
-    let a = job.acts;
-    let (k, nsub) = (job.w.k(), job.w.k() / QSUB);
-    let xq = a.q.as_ptr().add(i0 * k);
-    let (dxs, sxs) = (a.d.as_ptr().add(i0 * nsub), a.s.as_ptr().add(i0 * nsub));
+    let (k, nsub, xq, dxs, sxs) = row_acts(job, i0);
     let ones = _mm256_set1_epi16(1);
-    let mut y = [[_mm256_setzero_ps(); 2]; M];
-    for r in 0..M {
-        for h in 0..2 {
-            y[r][h] = _mm256_loadu_ps(yacc.add(r * QPANEL + 8 * h));
-        }
-    }
+    let mut y = load_y::<M, 2>(yacc);
     for s in 0..t {
         let sb = sb0 + s;
         let o = u.add(s * Q6_SUB_BYTES);
