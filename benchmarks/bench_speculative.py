@@ -8,11 +8,15 @@
 2. Draft model: SmolLM2-135M preserve with its own int4 conversion drafting (random-initialised larger
    configs accept nothing, so the acceptance-sensitive speed-up is measured this way), same prompts; the
    target as the bf16 checkpoint and as the float32 weights (the draft is 2.2x / 4.4x cheaper per step).
-3. Prompt cache: a chat with a 1,024-token system prompt (Austen text), 64-token user messages and
+3. Hugging Face's ``generate(prompt_lookup_num_tokens=8)`` under ``decode.install()`` (bf16 model, greedy, 128
+   new tokens with ``min_new_tokens`` so every run does the same work), same prompts: plain ``generate()``, HF's
+   own candidate generator (``PromptLookupCandidateGenerator``, unhooked) and the adaptive one installed models
+   use (``kwker_torch/decoder/hf_lookup.py``), timed alternately per round; the text must be identical.
+4. Prompt cache: a chat with a 1,024-token system prompt (Austen text), 64-token user messages and
    32-token answers; time to first token of turns 2-5 with the cache and with ``prompt_cache=False``.
 
-Run: ``python benchmarks/bench_speculative.py [--rounds 3] [--precisions preserve int8 int4]``.
-Results: ``benchmarks/results/speculative.json``.
+Run: ``python benchmarks/bench_speculative.py [--rounds 3] [--precisions preserve int8 int4] [--sections lookup
+draft hf cache] [--out speculative]``. Results: ``benchmarks/results/speculative.json`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -122,6 +126,48 @@ def lookup_section(decs: dict[str, KwkDecoder], tok: Any, rounds: int, rows: lis
                 say("  TEXT DIFFERS: " + repr(tok.decode(c.tokens)[:200]))
 
 
+def hf_section(tok: Any, rounds: int, rows: list) -> None:
+    """HF generate() under install: plain, HF's own prompt lookup, the adaptive one."""
+    from kwker_torch import decode
+    from kwker_torch.decoder import hf_lookup
+    from kwker_torch.models import generate_greedy
+
+    model = load_smollm2(torch.bfloat16)[0]
+    decode.install(model, max_batch=2, max_context=2048, prompt_cache=False)
+    say("\n== Hugging Face generate(prompt_lookup_num_tokens=8) under decode.install(), preserve")
+    modes = ["plain", "hf lookup", "adaptive"]
+    try:
+        for name, (text, quotes) in prompts().items():
+            ids = ids_of(tok, text)[None]
+            t: dict[str, list[float]] = {m: [] for m in modes}
+            out: dict[str, Any] = {}
+            kept = ""
+            for r in range(rounds + 1):
+                for mode in modes:
+                    kw = {} if mode == "plain" else {"prompt_lookup_num_tokens": 8}
+                    if mode == "hf lookup":
+                        hf_lookup.unhook(model)  # HF's own PromptLookupCandidateGenerator
+                    s, o = timed(lambda kw=kw: generate_greedy(model, ids, 128, exact=True, **kw))
+                    if mode == "hf lookup":
+                        hf_lookup.hook(model, lambda g: setattr(model._kwker_decode, "lookup", g))
+                    if mode == "adaptive":
+                        lk = model._kwker_decode.lookup
+                        kept = f"{lk.kept}/{lk.proposed}"
+                    out[mode] = o[0, ids.shape[1] :].tolist()
+                    if r:
+                        t[mode].append(s)
+            med = {m: statistics.median(v) for m, v in t.items()}
+            same = out["plain"] == out["hf lookup"] == out["adaptive"]
+            rows.append([name, "quotes" if quotes else "free", ids.shape[1], 128 / med["plain"],
+                         128 / med["hf lookup"], 128 / med["adaptive"], med["plain"] / med["hf lookup"],
+                         med["plain"] / med["adaptive"], kept, same])  # fmt: skip
+            say(table(HF_HEADERS, rows[-1:]))
+    finally:
+        decode.uninstall(model)
+
+
+HF_HEADERS = ["prompt", "kind", "prompt tokens", "plain tok/s", "HF lookup tok/s", "adaptive tok/s",
+              "HF lookup vs plain", "adaptive vs plain", "kept/proposed", "same text"]  # fmt: skip
 LOOKUP_HEADERS = ["precision", "prompt", "kind", "prompt tokens", "plain tok/s", "lookup tok/s", "speed-up",
                   "accepted/drafted", "same text", "llama.cpp plain tok/s"]  # fmt: skip
 DRAFT_HEADERS = ["target (preserve)", "draft", "prompt", "plain tok/s", "drafted tok/s", "speed-up", "accepted/drafted",
@@ -197,7 +243,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--precisions", nargs="+", default=["preserve", "int8", "int4"])
-    p.add_argument("--sections", nargs="+", default=["lookup", "draft", "cache"])
+    p.add_argument("--sections", nargs="+", default=["lookup", "draft", "hf", "cache"])
+    p.add_argument("--out", default="speculative", help="results/OUT.json")
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp's plain rate")
     a = p.parse_args()
     triad = start("native")
@@ -223,7 +270,7 @@ def main() -> None:
                 f = [r[6] for r in rows if r[0] == pr and r[2] == "free"]
                 say(f"  {pr}: geometric mean speed-up, quoting prompts {geomean(q):.2f}x; stories {geomean(f):.2f}x")
             result["lookup"] = {"headers": LOOKUP_HEADERS, "rows": rows}
-            save("speculative", result)  # each section as it ends
+            save(a.out, result)  # each section as it ends
     finally:
         for w in peers.values():
             w.close()
@@ -247,13 +294,22 @@ def main() -> None:
         for label in labels:
             say(f"  {label}: geometric mean speed-up {geomean([r[5] for r in rows if r[0] == label]):.2f}x")
         result["draft"] = {"headers": DRAFT_HEADERS, "rows": rows}
-        save("speculative", result)
+        save(a.out, result)
+    if "hf" in a.sections:
+        rows = []
+        hf_section(tok, a.rounds, rows)
+        say("\n" + table(HF_HEADERS, rows))
+        for kind in ("quotes", "free"):
+            say(f"  {kind}: geometric mean vs plain, HF lookup {geomean([r[6] for r in rows if r[1] == kind]):.2f}x, "
+                f"adaptive {geomean([r[7] for r in rows if r[1] == kind]):.2f}x")
+        result["hf"] = {"headers": HF_HEADERS, "rows": rows}
+        save(a.out, result)
     if "cache" in a.sections:
         rows = []
         cache_section(decs[a.precisions[0]], tok, a.rounds, rows)
         say("\n" + table(CACHE_HEADERS, rows))
         result["cache"] = {"headers": CACHE_HEADERS, "rows": rows, "precision": a.precisions[0]}
-    say(f"saved {save('speculative', result)}")
+    say(f"saved {save(a.out, result)}")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,7 @@ def test_hf_prompt_lookup_and_assistant_model_equal_plain_greedy(smollm2: tuple)
     model = copy.deepcopy(model).float()
     ids = quoting_prompt(tok)[None]
     want = generate_greedy(model, ids, 48)
+    ref_model = copy.deepcopy(model)
     draft = copy.deepcopy(model)
     decode.install(model, max_batch=2, max_context=1024)
     decode.install(draft, precision="int4", max_batch=2, max_context=1024)
@@ -123,6 +124,15 @@ def test_hf_prompt_lookup_and_assistant_model_equal_plain_greedy(smollm2: tuple)
         lookup_steps = dec.native_steps - before
         assert torch.equal(got, want), tok.decode(got[0, ids.shape[1] :])
         assert lookup_steps < 48 // 2  # several tokens per native step: drafts were verified and kept
+        lk = model._kwker_decode.lookup  # Hugging Face's loop asked the installed model's candidate generator
+        assert type(lk).__name__ == "AdaptiveLookup" and lk.kept > 0 and lk.proposed <= 8 * lookup_steps
+        # A prompt that does not quote: the same text, and drafting backs off (HF's own would propose up to 8
+        # tokens at every step whose last 2 tokens occurred before).
+        story = chat_ids(tok, "Write a short story about a dragon who learns to bake bread.")
+        want_story = generate_greedy(ref_model, story, 48)
+        assert torch.equal(generate_greedy(model, story, 48, prompt_lookup_num_tokens=8), want_story)
+        lk = model._kwker_decode.lookup
+        assert lk.proposed - lk.kept < 48  # rejected drafts: fewer than one per step
         before = dec.native_steps
         got = generate_greedy(model, ids, 48, assistant_model=draft)
         assert torch.equal(got, want), tok.decode(got[0, ids.shape[1] :])
@@ -130,6 +140,7 @@ def test_hf_prompt_lookup_and_assistant_model_equal_plain_greedy(smollm2: tuple)
     finally:
         decode.uninstall(model)
         decode.uninstall(draft)
+    assert "_get_candidate_generator" not in model.__dict__  # uninstall restores Hugging Face's own
 
 
 def test_draft_model_gives_the_targets_greedy_text(real_decoders: dict, smollm2: tuple) -> None:

@@ -11,10 +11,11 @@ first real token sits at its column), padding tokens are skipped, and their logi
 
 Speculative decoding: the cache can be cropped (``KwkCache.crop``), so Hugging Face's own
 ``prompt_lookup_num_tokens=`` and ``assistant_model=`` (an installed draft model runs on its own decoder)
-verify their drafts in one native step and drop the rejected ones from the slot. Prompt cache: slots keep
-their text when a sequence ends; a new single-row, unpadded ``generate()`` whose prompt starts with what an
-idle slot holds (the previous chat turn) takes that slot and reads only the rest (``install(...,
-prompt_cache=False)`` turns it off; ``stats(model)`` counts it).
+verify their drafts in one native step and drop the rejected ones from the slot; prompt lookup's drafts
+are sized from measured acceptance and step times (``hf_lookup.py``), as the decoder's own lookup is.
+Prompt cache: slots keep their text when a sequence ends; a new single-row, unpadded ``generate()`` whose
+prompt starts with what an idle slot holds (the previous chat turn) takes that slot and reads only the rest
+(``install(..., prompt_cache=False)`` turns it off; ``stats(model)`` counts it).
 
 Numerics: logits are float32 (the decoder computes in float32; a bf16 model's logits are not rounded to
 bf16), equal to the model's float32 forward up to summation order, so greedy tokens are HF float32's.
@@ -40,7 +41,7 @@ from typing import Any
 
 import torch
 
-from . import families
+from . import families, hf_lookup
 from .runtime import KwkDecoder
 
 log = logging.getLogger("kwker_torch")
@@ -449,6 +450,7 @@ def install(
     forward.__wrapped__ = inst.original  # type: ignore[attr-defined]  # generate() inspects the signature
     setattr(model, ATTR, inst)
     model.forward = forward  # type: ignore[method-assign]
+    hf_lookup.hook(model, lambda gen: setattr(inst, "lookup", gen))
     return model
 
 
@@ -501,6 +503,7 @@ def uninstall(model: torch.nn.Module) -> torch.nn.Module:
         return model
     if model.__dict__.get("forward") is not None:
         del model.forward
+    hf_lookup.unhook(model)
     if isinstance(inst, _CompiledInstall):
         for k, v in inst.restore.items():
             setattr(model.generation_config, k, v)

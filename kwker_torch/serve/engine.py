@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from ..decoder import PROMPT_LOOKUP, KwkDecoder, prompt_cache
+from ..decoder.lookup import propose
 from ..decoder.speculative import Planner
-from .lookup import propose
 from .metrics import Metrics
 from .sampling import Sampler, SamplingParams, TokenOut
 from .text import Detokenizer, StopMatcher

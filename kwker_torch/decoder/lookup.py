@@ -1,8 +1,9 @@
-"""Prompt lookup for the server's engine: draft tokens copied from the text a request has already seen.
+"""Prompt lookup in Python (the server's engine, Hugging Face's ``prompt_lookup_num_tokens`` under
+``decode.install()``): draft tokens copied from the text a sequence has already seen.
 
 The proposal is the same as the native loop's (``rust/src/decoder/lookup.rs``): the last ``NGRAM_MAX`` (then
 down to ``NGRAM_MIN``) tokens of the history are looked up at their most recent earlier occurrence, and
-the tokens that followed it are the drafts. Nothing here decides what is emitted: the engine keeps a
+the tokens that followed it are the drafts. Nothing here decides what is emitted: the caller keeps a
 draft only where the model itself chooses it.
 """
 
