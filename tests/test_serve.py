@@ -195,6 +195,54 @@ def test_json_schema_and_json_object(client: openai.OpenAI) -> None:
                                        "json_schema": {"name": "b", "schema": {"$ref": "#/nope"}}})  # fmt: skip
 
 
+def penalised_greedy(ref: KwkDecoder, ids: list[int], n: int, eos: set[int], freq: float = 0.0, pres: float = 0.0,
+                     rep: float = 1.0, bias: dict[int, float] | None = None) -> list[int]:  # fmt: skip
+    """Greedy tokens on the reference decoder with the penalties applied by their definitions (OpenAI's
+    frequency / presence over the output, Hugging Face's repetition over prompt and output, logit_bias)."""
+    ref.reset(0)
+    logits = ref.step([(0, ids)])[0][-1]
+    out: list[int] = []
+    for _ in range(n):
+        x = logits.double().clone()
+        for t in set(ids) | set(out):
+            x[t] = x[t] / rep if x[t] > 0 else x[t] * rep
+        for t in set(out):
+            x[t] -= freq * out.count(t) + pres
+        for t, b in (bias or {}).items():
+            x[t] += b
+        tok = int(torch.argmax(x))
+        out.append(tok)
+        if tok in eos:
+            break
+        logits = ref.step([(0, [tok])])[0][-1]
+    return out
+
+
+def test_penalties_and_logit_bias_change_greedy_text_as_defined(client: openai.OpenAI, ref: KwkDecoder,
+                                                                server: Any, smollm2: Any) -> None:  # fmt: skip
+    tok = smollm2[1]
+    msgs = chat("Write a short poem about the sea, the sea and the sea.")
+    ids = chat_ids(tok, msgs)[0].tolist()
+    eos = server[1].eos
+    plain = penalised_greedy(ref, ids, 40, eos)
+    banned = plain[0]  # the first greedy token, biased away
+    cases = [dict(freq=1.2), dict(pres=1.5), dict(rep=1.5), dict(freq=0.4, pres=0.4, rep=1.2, bias={banned: -100.0})]
+    for case in cases:
+        want = penalised_greedy(ref, ids, 40, eos, **case)  # type: ignore[arg-type]
+        assert want != plain  # (each setting changes this text, so the comparison below can fail)
+        body: dict[str, Any] = {"frequency_penalty": case.get("freq"), "presence_penalty": case.get("pres"),
+                                "logit_bias": {str(k): v for k, v in case.get("bias", {}).items()} or None}  # fmt: skip
+        extra = {"repetition_penalty": case["rep"]} if "rep" in case else None
+        r = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=40, extra_body=extra,
+                                           **{k: v for k, v in body.items() if v is not None})  # fmt: skip
+        text = tok.decode([t for t in want if t not in eos], skip_special_tokens=True)
+        assert r.choices[0].message.content == text, case
+        assert r.usage.completion_tokens == len(want)
+    # logit_bias +100 on one token: greedy writes only that token.
+    r = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=5, logit_bias={"28": 100})
+    assert r.choices[0].message.content == tok.decode([28] * 5)
+
+
 def _still_serving(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=MODEL, messages=chat("Hi"), temperature=0, max_tokens=3)
     assert r.choices[0].message.content
@@ -213,8 +261,19 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client: ope
         ({"model": "gpt-4o", "messages": chat("hi")}, 404, "'gpt-4o' does not exist", "model"),
         ({"model": MODEL, "messages": chat("hi"), "n": 64}, 400, "more than this server holds", "n"),
         ({"model": MODEL, "messages": chat("hi"), "response_format": {"type": "yaml"}}, 400, "yaml", "response_format"),
-        ({"model": MODEL, "messages": chat("hi"), "logit_bias": {"42": 5}}, 400, "logit_bias is not supported",
-         "logit_bias"),
+        ({"model": MODEL, "messages": chat("hi"), "logit_bias": {"42": 500}}, 400, "[-100, 100]", "logit_bias"),
+        ({"model": MODEL, "messages": chat("hi"), "logit_bias": {"x": 1}}, 400, "token ids", "logit_bias"),
+        ({"model": MODEL, "messages": chat("hi"), "logit_bias": {"99999999": 1}}, 400, "out of range", "logit_bias"),
+        ({"model": MODEL, "messages": chat("hi"), "presence_penalty": 2.5}, 400, "presence_penalty",
+         "presence_penalty"),
+        ({"model": MODEL, "messages": chat("hi"), "frequency_penalty": -3}, 400, "frequency_penalty",
+         "frequency_penalty"),
+        ({"model": MODEL, "messages": chat("hi"), "repetition_penalty": 0}, 400, "repetition_penalty",
+         "repetition_penalty"),
+        ({"model": MODEL, "messages": chat("hi"), "top_k": -2}, 400, "top_k", "top_k"),
+        ({"model": MODEL, "messages": chat("hi"), "min_p": 1.5}, 400, "min_p", "min_p"),
+        ({"model": MODEL, "messages": chat("hi"), "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+         "no tool support", "tools"),
     ]
     for body, status, words, param in cases:
         kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {
@@ -233,6 +292,10 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(client: ope
     ok = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "whatever": {},
                                                    "presence_penalty": 0, "logit_bias": {}})  # (defaults: accepted)
     assert ok.status_code == 200  # unknown fields are ignored, as OpenAI does
+    ok = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": chat("hi"), "max_tokens": 2,
+                                                        "tools": [{"type": "function", "function": {"name": "f"}}],
+                                                        "tool_choice": "none"})  # fmt: skip
+    assert ok.status_code == 200  # tools that cannot be called need no tool support
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=chat("hi"))
 

@@ -1,5 +1,6 @@
-"""The OpenAI-compatible HTTP app (FastAPI on Starlette): ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/models``, ``/health`` and ``/metrics``, over one continuous-batching Engine.
+"""The OpenAI-compatible HTTP app (FastAPI on Starlette): ``/v1/chat/completions`` (with tool calls, tools.py),
+``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics`` and a chat page at ``/`` (page.py), over one
+continuous-batching Engine.
 
 ``create_app(opts)`` returns the app; its lifespan loads the model and starts the engine at startup, and
 at shutdown lets requests in flight finish for ``opts.shutdown_grace`` seconds before ending the rest.
@@ -24,13 +25,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import models
+from . import tools
 from .engine import Closed, Engine, QueueFull
 from .flight import Flight, chat_logprobs, new_id, text_logprobs
 from .grammar import GrammarError, Grammars
 from .metrics import Metrics
 from .options import ServeOptions, load_model
+from .page import add_page
 from .sampling import SamplingParams
 from .schema import ChatCompletionRequest, CompletionRequest, error_body
+from .tools import CallStream, ToolError, ToolPlan, forced_reply, reply
 
 log = logging.getLogger("kwker.serve")
 
@@ -104,6 +108,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             await asyncio.to_thread(state["engine"].shutdown, opts.shutdown_grace)
 
     app = FastAPI(title="kwker", description="OpenAI-compatible API over kwker's native decoder", lifespan=lifespan)
+    add_page(app)  # the chat page at /
 
     def eng() -> Engine:
         e = state["engine"]
@@ -172,27 +177,42 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             raise ApiError(400, f"This model's maximum context length is {ctx} tokens; the prompt has "
                            f"{prompt_len} and max_tokens asks for {max_tokens} more. Lower max_tokens to at most "
                            f"{room}.", "max_tokens", "context_length_exceeded")  # fmt: skip
+        bias = {int(k): float(v) for k, v in (body.logit_bias or {}).items()}
+        vocab = e.dec.vocab_size
+        if any(not 0 <= t < vocab for t in bias):
+            raise ApiError(400, f"logit_bias token id {max(bias)} is out of range: ids must be in [0, {vocab})",
+                           "logit_bias")  # fmt: skip
         return SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else room,
             temperature=1.0 if body.temperature is None else float(body.temperature),
             top_p=1.0 if body.top_p is None else float(body.top_p), seed=body.seed, stop=body.stops(),
             logprobs=logprobs, top_logprobs=top, ignore_eos=body.ignore_eos,
+            top_k=max(body.top_k or 0, 0), min_p=float(body.min_p or 0.0),
+            presence_penalty=float(body.presence_penalty or 0.0),
+            frequency_penalty=float(body.frequency_penalty or 0.0),
+            repetition_penalty=float(body.repetition_penalty or 1.0), logit_bias=bias,
         )  # fmt: skip
 
-    async def start(e: Engine, prompts: list[list[int]], sp: SamplingParams, body: Any) -> Flight:
+    async def start(e: Engine, prompts: list[list[int]], sp: SamplingParams, body: Any,
+                    call_schema: dict[str, Any] | None = None) -> Flight:  # fmt: skip
+        """Submits the choices; ``call_schema``: the JSON schema a forced tool call is held to."""
         choices = len(prompts) * body.n
         if choices > e.dec.max_batch + e.queue_limit:
             raise ApiError(400, f"{choices} choices (n x prompts) are more than this server holds at once "
                            f"({e.dec.max_batch} slots + a queue of {e.queue_limit})", "n")  # fmt: skip
 
         def compile_all() -> tuple[str | None, list[Any] | None]:  # (off the event loop: it can take a while)
-            grammar = e.grammars.compile(body.response_format)
+            if call_schema is not None:
+                grammar: str | None = e.grammars.compile_schema(call_schema, "tools")
+            else:
+                grammar = e.grammars.compile(body.response_format)
             return grammar, [e.grammars.matcher(grammar) for _ in range(choices)] if grammar else None
 
         try:
-            grammar, matchers = await asyncio.to_thread(compile_all) if body.response_format else (None, None)
+            constrained = body.response_format or call_schema is not None
+            grammar, matchers = await asyncio.to_thread(compile_all) if constrained else (None, None)
         except GrammarError as err:
-            raise ApiError(400, str(err), "response_format") from err
+            raise ApiError(400, str(err), "tools" if call_schema is not None else "response_format") from err
         sp.grammar = grammar
         try:
             return Flight(e, prompts, sp, body.n, matchers, time.monotonic() + opts.request_timeout)
@@ -202,10 +222,11 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         except Closed as err:
             raise ApiError(503, "The server is shutting down; retry on another replica.", kind="server_error") from err
 
-    async def respond(request: Request, flight: Flight, body: Any, chat: bool, echo: list[str]) -> Any:
+    async def respond(request: Request, flight: Flight, body: Any, chat: bool, echo: list[str],
+                      tp: ToolPlan | None = None) -> Any:  # fmt: skip
         if body.stream:
             count(request.url.path, 200)
-            return _Stream(flight, stream(flight, body, chat, echo), media_type="text/event-stream")
+            return _Stream(flight, stream(flight, body, chat, echo, tp), media_type="text/event-stream")
         collect = asyncio.ensure_future(gather(flight))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -233,8 +254,12 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             if body.logprobs is not None and body.logprobs is not False:  # (completions' logprobs=0: chosen only)
                 lp = chat_logprobs(tok, toks[i]) if chat else text_logprobs(tok, toks[i], len(echo[i]) if echo else 0)
             if chat:
-                msg = {"role": "assistant", "content": texts[i], "refusal": None}
-                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": finish[i]})
+                content, calls = reply(tp, texts[i])
+                msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
+                if calls:
+                    msg["tool_calls"] = calls
+                fin = "tool_calls" if calls and finish[i] == "stop" else finish[i]
+                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": fin})
             else:
                 text = (echo[i] if echo else "") + texts[i]
                 choices.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish[i]})
@@ -257,12 +282,20 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             finish[i] = ev.finish or finish[i]
         return ["".join(t) for t in texts], toks, finish, None
 
-    async def stream(flight: Flight, body: Any, chat: bool, echo: list[str]) -> AsyncIterator[str]:
+    async def stream(flight: Flight, body: Any, chat: bool, echo: list[str],
+                     tp: ToolPlan | None = None) -> AsyncIterator[str]:  # fmt: skip
         rid = new_id("chatcmpl" if chat else "cmpl")
         usage_on = bool(body.stream_options and body.stream_options.include_usage)
         tok = flight.engine.tok
+        n = len(flight.reqs)
+        # Tool calls: an auto reply's text goes through a CallStream (calls sent whole as they close); a
+        # forced reply is the call's JSON, held and sent as one call at the end.
+        splitters = [CallStream(tp.syntax, tp.parallel) for _ in range(n)] if tp is not None and not tp.forced else []
+        held = [""] * n
+        ncalls = [0] * n
 
-        def chunk(i: int, text: str, toks: list[Any], finish: str | None, role: bool = False) -> str:
+        def chunk(i: int, text: str, toks: list[Any], finish: str | None, role: bool = False,
+                  call: dict[str, Any] | None = None) -> str:  # fmt: skip
             lp = None
             if body.logprobs is not None and body.logprobs is not False and toks:
                 lp = chat_logprobs(tok, toks) if chat else text_logprobs(tok, toks, (len(echo[i]) if echo else 0))
@@ -270,6 +303,9 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
                 delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
                 if text:
                     delta["content"] = text
+                if call is not None:
+                    delta["tool_calls"] = [{"index": ncalls[i], **call}]
+                    ncalls[i] += 1
                 choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
             else:
                 choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
@@ -291,10 +327,28 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
                     flight.cancel()
                     yield _sse(error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error"))
                     break
-                if ev.text or ev.tokens:
-                    yield chunk(i, ev.text, ev.tokens, None)
+                if tp is None:
+                    if ev.text or ev.tokens:
+                        yield chunk(i, ev.text, ev.tokens, None)
+                    if ev.finish is not None:
+                        yield chunk(i, "", [], ev.finish)
+                    continue
+                if tp.forced:
+                    held[i] += ev.text
+                    items: list[tuple[str, Any]] = []
+                    if ev.finish is not None:
+                        calls = forced_reply(held[i], tp.syntax)
+                        items = [("call", c) for c in calls] or [("content", held[i])]
+                else:
+                    items = splitters[i].feed(ev.text) + (splitters[i].flush() if ev.finish is not None else [])
+                toks = ev.tokens
+                for kind, x in items:
+                    yield chunk(i, x if kind == "content" else "", toks, None, call=x if kind == "call" else None)
+                    toks = []
+                if toks and body.logprobs:  # (tokens still held in a call: their logprobs on an empty delta)
+                    yield chunk(i, "", toks, None)
                 if ev.finish is not None:
-                    yield chunk(i, "", [], ev.finish)
+                    yield chunk(i, "", [], "tool_calls" if ncalls[i] and ev.finish == "stop" else ev.finish)
             else:
                 if usage_on:
                     yield _sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -308,18 +362,27 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
         check_model(body.model)
         e = eng()
-        msgs = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
         try:
-            ids = models.chat_ids(e.tok, msgs)[0].tolist()
+            tp = tools.plan(body, e.tok)
+        except ToolError as err:
+            raise ApiError(400, str(err), err.param) from err
+        if tp is not None and tp.forced and body.response_format and body.response_format.get("type") != "text":
+            raise ApiError(400, "a forced tool call (tool_choice 'required' or a named function) holds the reply to "
+                           "the call's schema: leave response_format out", "response_format")  # fmt: skip
+        try:
+            ids = models.chat_ids(e.tok, tools.messages(body.messages), tp.tools if tp else None)[0].tolist()
         except Exception as err:  # noqa: BLE001  (the template's own message says what is wrong)
             raise ApiError(400, f"messages cannot be rendered with the model's chat template: {err}",
                            "messages") from err  # fmt: skip
+        if tp is not None and tp.suffix():
+            ids += e.tok(tp.suffix(), add_special_tokens=False)["input_ids"]
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs: true", "top_logprobs")
         sp = params(e, body, len(ids), body.max_completion_tokens or body.max_tokens, body.logprobs, top, "messages")
-        flight = await start(e, [ids], sp, body)
-        return await respond(request, flight, body, True, [])
+        schema = tp.schema(body.tools) if tp is not None and tp.forced else None
+        flight = await start(e, [ids], sp, body, schema)
+        return await respond(request, flight, body, True, [], tp)
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Any:

@@ -34,7 +34,7 @@ class Flight:
                 idx = p * n + j
                 seed = None if params.seed is None else params.seed + j
                 sp = dataclasses.replace(params, seed=seed)
-                sampler = Sampler(sp, matchers[idx] if matchers else None)
+                sampler = Sampler(sp, matchers[idx] if matchers else None, prompt)
                 req = Request(prompt, sp, sampler, functools.partial(self._emit, idx), Detokenizer(engine.tok, prompt),
                               after=leader, deadline=deadline)  # fmt: skip
                 leader = leader or req

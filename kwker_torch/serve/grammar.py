@@ -1,6 +1,6 @@
-"""``response_format`` by constrained decoding on llguidance: each step, the tokens the grammar does not
-allow are masked out of the logits before the next token is chosen, so the output is valid JSON (of the
-schema, for ``json_schema``) unless it is cut by ``max_tokens``.
+"""``response_format`` (and forced tool calls, tools.py) by constrained decoding on llguidance: each step,
+the tokens the grammar does not allow are masked out of the logits before the next token is chosen, so the
+output is valid JSON (of the schema, for ``json_schema``) unless it is cut by ``max_tokens``.
 
 A schema llguidance cannot compile is refused (``GrammarError``, answered 400) before generation: never
 silently unconstrained output. ``{"type": "text"}`` (or no response_format) means no grammar.
@@ -38,8 +38,6 @@ class Grammars:
         """The llguidance grammar of an OpenAI response_format, or None for plain text."""
         if not fmt:
             return None
-        import llguidance
-
         kind = fmt.get("type")
         if kind in (None, "text"):
             return None
@@ -57,13 +55,19 @@ class Grammars:
             raise GrammarError(
                 f"response_format.type {kind!r} is not supported; expected 'text', 'json_object' or 'json_schema'"
             )
+        return self.compile_schema(schema, "response_format")
+
+    def compile_schema(self, schema: Any, what: str) -> str:
+        """The llguidance grammar of a JSON Schema; ``what`` names its source in errors."""
+        import llguidance
+
         try:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except (ValueError, TypeError) as e:
-            raise GrammarError(f"response_format: the JSON schema cannot be compiled: {e}") from e
+            raise GrammarError(f"{what}: the JSON schema cannot be compiled: {e}") from e
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
         if failed:
-            raise GrammarError(f"response_format: the JSON schema cannot be enforced: {'; '.join(messages)}")
+            raise GrammarError(f"{what}: the JSON schema cannot be enforced: {'; '.join(messages)}")
         return grammar
 
     def matcher(self, grammar: str) -> Any:
@@ -71,5 +75,5 @@ class Grammars:
 
         m = llguidance.LLMatcher(self._tokenizer(), grammar)
         if m.is_error():
-            raise GrammarError(f"response_format: {m.get_error()}")
+            raise GrammarError(f"the grammar cannot start: {m.get_error()}")
         return m

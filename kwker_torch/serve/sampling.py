@@ -1,12 +1,19 @@
 """Choosing each request's next token from the float32 logits of its row, as OpenAI's parameters ask.
 
-Contract: ``temperature == 0`` is greedy, ``argmax`` of the logits (the first index among equal maxima,
-as the native decoder picks), so a served greedy completion has the tokens ``KwkDecoder.generate`` gives
-for the same prompt. Else the logits are divided by the temperature, cut to the smallest set of tokens
-whose probability reaches ``top_p``, and drawn from a generator seeded by ``seed`` (per choice: ``seed +
-index``), so a seeded request is reproducible. A grammar (``response_format``) masks the tokens it does
-not allow before either rule. Reported logprobs are the model's own (log-softmax of the unmasked,
-untempered logits), as OpenAI reports them.
+Contract: the logits are first adjusted, in this order (each only when asked for):
+1. ``repetition_penalty`` r (Hugging Face's): every token id that occurs in the prompt or the output so
+   far has its logit divided by r where positive, multiplied by r where negative;
+2. ``frequency_penalty`` f and ``presence_penalty`` p (OpenAI's, applied as vLLM does, over the tokens
+   generated so far): ``logit[t] -= f * count[t] + p * (count[t] > 0)``;
+3. ``logit_bias``: the given value added to each listed token's logit;
+4. a grammar (``response_format``, forced tool calls) masks the tokens it does not allow.
+Then ``temperature == 0`` is greedy, ``argmax`` of the adjusted logits (the first index among equal
+maxima, as the native decoder picks), so a served greedy completion without adjustments has the tokens
+``KwkDecoder.generate`` gives for the same prompt. Else the logits are divided by the temperature, then
+(as Hugging Face's warpers, in their order) cut to the ``top_k`` largest, to the smallest set whose
+probability reaches ``top_p``, and to tokens of probability at least ``min_p`` times the largest, and drawn
+from a generator seeded by ``seed`` (per choice: ``seed + index``), so a seeded request is reproducible.
+Reported logprobs are the model's own (log-softmax of the unadjusted, untempered logits), as OpenAI reports them.
 """
 
 from __future__ import annotations
@@ -29,6 +36,18 @@ class SamplingParams:
     top_logprobs: int = 0
     grammar: str | None = None  # an llguidance grammar (see grammar.py)
     ignore_eos: bool = False  # end-of-sequence tokens do not end generation (benchmarks)
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether the logits are changed before a token is chosen (not counting a grammar)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)  # fmt: skip
 
 
 @dataclass
@@ -43,7 +62,7 @@ class TokenOut:
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams, matcher: Any | None = None) -> None:
+    def __init__(self, params: SamplingParams, matcher: Any | None = None, prompt: list[int] | None = None) -> None:
         self.p = params
         self.matcher = matcher  # an llguidance LLMatcher, or None
         self.gen: torch.Generator | None = None
@@ -51,28 +70,71 @@ class Sampler:
             seed = params.seed if params.seed is not None else random.getrandbits(63)
             self.gen = torch.Generator().manual_seed(int(seed) & (2**63 - 1))
         self._mask: torch.Tensor | None = None
+        self._prompt = list(prompt or [])
+        self._counts: torch.Tensor | None = None  # [vocab] float32: times each token was generated
+        self._seen: torch.Tensor | None = None  # [vocab] bool: in the prompt or generated (repetition_penalty)
+
+    def adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        """The logits after the penalties and biases (the input itself when none is asked for)."""
+        p = self.p
+        if not p.adjusts:
+            return logits
+        row = logits.clone()
+        vocab = row.numel()
+        if self._counts is None:
+            self._counts = torch.zeros(vocab, dtype=torch.float32)
+            self._seen = torch.zeros(vocab, dtype=torch.bool)
+            ids = torch.tensor([t for t in self._prompt if 0 <= t < vocab], dtype=torch.int64)
+            self._seen[ids] = True
+        if p.repetition_penalty != 1.0:
+            assert self._seen is not None
+            v = row[self._seen]
+            row[self._seen] = torch.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+        if p.frequency_penalty:
+            row -= p.frequency_penalty * self._counts
+        if p.presence_penalty:
+            row -= p.presence_penalty * (self._counts > 0).to(torch.float32)
+        for tok, bias in p.logit_bias.items():
+            row[tok] += bias
+        return row
+
+    def _chosen(self, tok: int) -> None:
+        if self._counts is not None and self._seen is not None and 0 <= tok < self._counts.numel():
+            self._counts[tok] += 1
+            self._seen[tok] = True
+
+    def _draw(self, row: torch.Tensor) -> int:
+        assert self.gen is not None
+        p = self.p
+        if p.top_k <= 0 and p.min_p <= 0.0:  # (the original rule, kept draw for draw: seeded outputs stay the same)
+            probs = torch.softmax(row / p.temperature, dim=-1)
+            if p.top_p < 1.0:
+                probs = _top_p(probs, p.top_p)
+            return int(torch.multinomial(probs, 1, generator=self.gen))
+        x = row / p.temperature
+        if 0 < p.top_k < x.numel():
+            x = x.masked_fill(x < torch.topk(x, p.top_k).values[-1], float("-inf"))
+        probs = torch.softmax(x, dim=-1)
+        if p.top_p < 1.0:
+            probs = _top_p(probs, p.top_p)
+        if p.min_p > 0.0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        return int(torch.multinomial(probs, 1, generator=self.gen))
 
     def choose(self, logits: torch.Tensor) -> tuple[int, float, list[tuple[int, float]]]:
         """(token, its logprob, top alternatives) from a [vocab] float32 row."""
-        row = logits
+        row = self.adjust(logits)
         if self.matcher is not None:
             from llguidance.torch import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
 
             if self._mask is None:
                 self._mask = allocate_token_bitmask(1, logits.numel())
             fill_next_token_bitmask(self.matcher, self._mask, 0)
-            row = logits.clone().unsqueeze(0)
+            row = (row.clone() if row is logits else row).unsqueeze(0)
             apply_token_bitmask_inplace(row, self._mask)
             row = row[0]
-        if self.gen is None:
-            tok = int(torch.argmax(row))
-        else:
-            probs = torch.softmax(row / self.p.temperature, dim=-1)
-            if self.p.top_p < 1.0:
-                sorted_p, idx = torch.sort(probs, descending=True)
-                keep = torch.cumsum(sorted_p, 0) - sorted_p < self.p.top_p  # (the top token is always kept)
-                probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
-            tok = int(torch.multinomial(probs, 1, generator=self.gen))
+        tok = int(torch.argmax(row)) if self.gen is None else self._draw(row)
+        self._chosen(tok)
         if self.matcher is not None:
             self.matcher.consume_token(tok)
         if not self.p.logprobs:
@@ -88,3 +150,10 @@ class Sampler:
     def grammar_done(self) -> bool:
         """The grammar allows nothing more (e.g. the JSON object is closed)."""
         return self.matcher is not None and bool(self.matcher.is_stopped())
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The smallest most-likely set whose probability reaches ``top_p`` (the top token always kept)."""
+    sorted_p, idx = torch.sort(probs, descending=True)
+    keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
+    return torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])

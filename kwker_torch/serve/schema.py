@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 _CFG = ConfigDict(extra="ignore", strict=True)
-_UNSUPPORTED: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "tools": [],
-                                "functions": [], "best_of": 1, "suffix": ""}  # fmt: skip
+_UNSUPPORTED: dict[str, Any] = {"functions": [], "function_call": None, "best_of": 1, "suffix": ""}
+_INSTEAD = {"functions": " (send 'tools')", "function_call": " (send 'tool_choice')"}
 
 
 class StreamOptions(BaseModel):
@@ -28,11 +28,51 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = _CFG
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = _CFG
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionSpec(BaseModel):
+    model_config = _CFG
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema object; none: a function without arguments
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = _CFG
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = _CFG
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _CFG
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(BaseModel):
     model_config = _CFG
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -53,22 +93,39 @@ class _Sampling(BaseModel):
     response_format: dict[str, Any] | None = None
     ignore_eos: bool | None = False  # (vLLM's extension) generate max_tokens tokens past end-of-sequence: benchmarks
 
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    # Common extensions (vLLM, llama-server): Hugging Face's repetition penalty, top-k (0 or -1: off), min-p.
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+
     # OpenAI fields this server does not implement: accepted at their defaults (clients send them), refused
     # otherwise, so that a request never silently means something else than it says.
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    tools: list[Any] | None = None
     functions: list[Any] | None = None
+    function_call: Any = None
     best_of: int | None = None
     suffix: str | None = None
 
-    @field_validator("presence_penalty", "frequency_penalty", "logit_bias", "tools", "functions", "best_of", "suffix")
+    @field_validator("functions", "function_call", "best_of", "suffix")
     @classmethod
     def _unsupported(cls, value: Any, info: ValidationInfo) -> Any:
-        default = _UNSUPPORTED[info.field_name or ""]
+        name = info.field_name or ""
+        default = _UNSUPPORTED[name]
         if value is not None and value != default:
-            raise ValueError(f"{info.field_name} is not supported by this server; leave it out (or at {default!r})")
+            raise ValueError(f"{name} is not supported by this server{_INSTEAD.get(name, '')}; leave it out "
+                             f"(or at {default!r})")  # fmt: skip
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids written as strings (e.g. \"42\"), got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
         return value
 
     @model_validator(mode="after")
@@ -89,6 +146,9 @@ class _Sampling(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False

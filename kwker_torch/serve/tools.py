@@ -1,0 +1,302 @@
+"""Tool calling in OpenAI's shape: ``tools``, ``tool_choice``, ``parallel_tool_calls``, the calls parsed out of
+the model's reply into ``message.tool_calls`` (``delta.tool_calls`` when streamed).
+
+The model's own chat template renders the tools and the conversation (``apply_chat_template(..., tools=)``:
+earlier calls as the assistant's ``tool_calls``, results as ``role: "tool"`` messages). How a reply marks a
+call is the template's, recognised from its source (``syntax_of``):
+- ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen 2.5 / Qwen 3, Hermes, SmolLM3
+  and other Hermes-style templates), anywhere in the reply, several allowed;
+- a reply that is one JSON object ``{"name": ..., "parameters": {...}}`` (Llama 3.1 / 3.2 templates).
+A template that never mentions tools has no tool support: such a request is refused (400) unless
+``tool_choice`` is ``"none"``, which never renders tools.
+
+``tool_choice``: ``"auto"`` (the default with tools) lets the model answer or call, and parses what it
+wrote: a block that is not a JSON object with a string ``name`` stays in the text. ``"required"`` and a
+named function are enforced by constrained decoding: the call's opening marker is appended to the prompt
+and the reply is held by llguidance to a JSON object whose ``name`` is one of the allowed functions and
+whose arguments follow that function's ``parameters`` schema (objects that list their properties take no
+others, as OpenAI's strict mode), so the call is valid whatever the weights (one call; cut only by
+``max_tokens``). ``"none"``: the tools are not rendered and nothing is parsed.
+``parallel_tool_calls: false`` keeps only the first call of an ``auto`` reply.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ToolError(ValueError):
+    """A tools request this server cannot honour for this model; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str = "tools") -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class CallSyntax:
+    """How one chat template's replies mark a call."""
+
+    name: str
+    open: str  # text that starts a call ("": the whole reply is the call)
+    close: str
+    args_key: str  # the key of the arguments inside the call's JSON object
+
+
+HERMES = CallSyntax("hermes", "<tool_call>", "</tool_call>", "arguments")
+LLAMA3_JSON = CallSyntax("llama3-json", "", "", "parameters")
+
+
+def template_source(tok: Any) -> str:
+    t = getattr(tok, "chat_template", None)
+    if isinstance(t, dict):  # named templates: the tool one when there is one
+        t = t.get("tool_use") or t.get("default") or ""
+    return t or ""
+
+
+def syntax_of(tok: Any) -> CallSyntax | None:
+    """The call syntax of the tokenizer's chat template; None when the template does not render tools."""
+    src = template_source(tok)
+    if "tools" not in src:
+        return None
+    if "<tool_call>" in src:
+        return HERMES
+    if "<|python_tag|>" in src or '"parameters"' in src:
+        return LLAMA3_JSON
+    raise ToolError("this model's chat template renders tools, but marks calls in a way this server does not parse "
+                    "(known: <tool_call> JSON blocks as Qwen / Hermes templates, Llama 3 JSON replies); send the "
+                    "request without tools")  # fmt: skip
+
+
+@dataclass
+class ToolPlan:
+    """What one chat request's tools ask of generation."""
+
+    tools: list[dict[str, Any]]  # OpenAI tool objects, as the template receives them
+    syntax: CallSyntax
+    forced: list[str] | None = None  # the reply must call one of these (required / named), else None
+    parallel: bool = True
+    names: list[str] = field(default_factory=list)
+
+    def suffix(self) -> str:
+        """Text appended to the prompt when a call is forced: the call's opening marker."""
+        return self.syntax.open + "\n" if self.forced and self.syntax.open else ""
+
+    def schema(self, tools: list[Any]) -> dict[str, Any]:
+        """JSON Schema of a forced call: ``{"name": one of forced, <args key>: its parameters}``."""
+        key = self.syntax.args_key
+        options = []
+        for t in tools:
+            if t.function.name in (self.forced or []):
+                params = _closed(t.function.parameters or {"type": "object", "properties": {}})
+                options.append({"type": "object", "properties": {"name": {"const": t.function.name}, key: params},
+                                "required": ["name", key], "additionalProperties": False})  # fmt: skip
+        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        return {**schema, "x-guidance": {"whitespace_flexible": False}}
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with ``additionalProperties: false`` wherever an object lists its properties and says
+    nothing of others (OpenAI's strict mode): a forced call writes only the arguments the function names,
+    so weights that ramble cannot invent keys without end."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ("properties", "$defs", "definitions", "patternProperties"):  # name -> schema maps
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in out[key].items()}
+    for key in ("items", "additionalItems", "not", "if", "then", "else"):
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(sub) for sub in out[key]]
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def plan(body: Any, tok: Any) -> ToolPlan | None:
+    """The request's ToolPlan, or None when no tool can be called (no tools, or ``tool_choice: "none"``)."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice is not None and choice != "none":
+            raise ToolError("tool_choice needs tools: send the functions in 'tools', or leave tool_choice out",
+                            "tool_choice")  # fmt: skip
+        return None
+    if choice == "none":
+        return None
+    syntax = syntax_of(tok)
+    if syntax is None:
+        raise ToolError("this model's chat template has no tool support (it never renders 'tools'); send the request "
+                        "without tools or with tool_choice 'none', or serve a model whose template has tools "
+                        "(e.g. Qwen 2.5 / Qwen 3, Llama 3.1+)")  # fmt: skip
+    names = [t.function.name for t in body.tools]
+    if len(set(names)) != len(names):
+        raise ToolError(f"tools: each function needs its own name; got {names}")
+    forced = None
+    if choice == "required":
+        forced = names
+    elif choice is not None and choice != "auto":
+        if choice.function.name not in names:
+            raise ToolError(f"tool_choice names the function {choice.function.name!r}, which is not in tools "
+                            f"({', '.join(names)})", "tool_choice")  # fmt: skip
+        forced = [choice.function.name]
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    return ToolPlan(tools, syntax, forced, body.parallel_tool_calls is not False, names)
+
+
+def messages(msgs: list[Any]) -> list[dict[str, Any]]:
+    """OpenAI chat messages as chat templates take them: ``developer`` as ``system``; an assistant's calls
+    with their arguments as objects (templates write them with ``tojson``); no ``None`` content."""
+    out = []
+    for m in msgs:
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        if m.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function",
+                                "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                               for c in m.tool_calls]  # fmt: skip
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # (not JSON: the template writes it as it came)
+
+
+def new_call(name: str, arguments: Any) -> dict[str, Any]:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _call_of(text: str, syntax: CallSyntax) -> dict[str, Any] | None:
+    """The call a JSON object names, or None when the text is not one."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get(syntax.args_key, obj.get("arguments", obj.get("parameters", {})))
+    return new_call(obj["name"], args)
+
+
+class CallStream:
+    """Splits generated text, as it arrives, into content and calls (``auto``). ``feed`` and ``flush``
+    return ("content", text) and ("call", call) items in order; a call's block is held until it closes.
+    The whole reply fed at once gives what a stream gives (non-streamed replies are parsed this way)."""
+
+    def __init__(self, syntax: CallSyntax, parallel: bool = True) -> None:
+        self.s = syntax
+        self.parallel = parallel
+        self.buf = ""
+        self.inside = False  # within a call block (hermes), or holding a JSON reply (llama3)
+        self.started = False  # (llama3) some non-space text was seen
+        self.calls = 0
+
+    def feed(self, piece: str) -> list[tuple[str, Any]]:
+        self.buf += piece
+        return self._scan(False)
+
+    def flush(self) -> list[tuple[str, Any]]:
+        return self._scan(True)
+
+    def _call(self, body: str, raw: str) -> list[tuple[str, Any]]:
+        call = _call_of(body.strip(), self.s)
+        if call is None:
+            return [("content", raw)] if raw else []
+        self.calls += 1
+        return [("call", call)] if self.parallel or self.calls == 1 else []
+
+    def _scan(self, end: bool) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        if not self.s.open:  # the whole reply is one JSON call, or text
+            if not self.started:
+                head = self.buf.lstrip()
+                if not head:
+                    return out
+                self.started, self.inside = True, head.startswith("{")
+            if not self.inside:
+                out.append(("content", self.buf))
+                self.buf = ""
+            elif end:
+                out += self._call(self.buf, self.buf)
+                self.buf = ""
+            return out
+        while True:
+            if self.inside:
+                j = self.buf.find(self.s.close)
+                if j < 0:
+                    if end:
+                        out += self._call(self.buf, self.s.open + self.buf)
+                        self.buf = ""
+                    return out
+                before = self.calls
+                out += self._call(self.buf[:j], self.s.open + self.buf[: j + len(self.s.close)])
+                self.buf = self.buf[j + len(self.s.close) :]
+                if self.calls > before:  # (the newline templates put between calls is not content)
+                    self.buf = self.buf.lstrip("\n")
+                self.inside = False
+                continue
+            i = self.buf.find(self.s.open)
+            if i >= 0:
+                head = self.buf[:i]
+                if head.strip() or (head and not self.calls):  # (space between calls is not content)
+                    out.append(("content", head))
+                self.buf, self.inside = self.buf[i + len(self.s.open) :], True
+                continue
+            hold = 0 if end else _partial(self.buf, self.s.open)
+            release = self.buf[: len(self.buf) - hold]
+            if self.calls and not release.strip():  # space after a call: content only if text follows
+                if end:
+                    self.buf = ""
+                return out
+            if release:
+                out.append(("content", release))
+                self.buf = self.buf[len(release) :]
+            return out
+
+
+def _partial(text: str, marker: str) -> int:
+    """Length of the longest end of ``text`` that starts ``marker`` (held back: it may become the marker)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+def split_reply(text: str, syntax: CallSyntax, parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, calls) of a whole ``auto`` reply; content is None when only calls remain."""
+    cs = CallStream(syntax, parallel)
+    items = cs.feed(text) + cs.flush()
+    calls = [x for k, x in items if k == "call"]
+    content = "".join(x for k, x in items if k == "content")
+    if calls:
+        content = content.strip()
+    return content or None, calls
+
+
+def forced_reply(text: str, syntax: CallSyntax) -> list[dict[str, Any]]:
+    """The call of a forced reply (the JSON object the grammar held it to); [] when it was cut short."""
+    call = _call_of(text.strip(), syntax)
+    return [call] if call is not None else []
+
+
+def reply(tp: ToolPlan | None, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, calls) of a whole reply under the request's ToolPlan (its text as is without one)."""
+    if tp is None:
+        return text, []
+    if tp.forced:
+        calls = forced_reply(text, tp.syntax)
+        return (None if calls else text), calls
+    return split_reply(text, tp.syntax, tp.parallel)
