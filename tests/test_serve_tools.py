@@ -111,6 +111,20 @@ def test_forced_calls_are_valid_for_the_schema_streamed_or_not(client: openai.Op
         check_call(r.choices[0].message.tool_calls[0], allowed)
 
 
+def test_forced_call_whose_schema_has_definitions(client: openai.OpenAI) -> None:
+    params = {"type": "object", "properties": {"where": {"$ref": "#/$defs/place"}, "days": {"type": "integer",
+              "minimum": 1, "maximum": 7}}, "required": ["where", "days"],
+              "$defs": {"place": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                                                   "country": {"enum": ["FR", "DE", "IT"]}},
+                                  "required": ["city", "country"]}}}  # fmt: skip
+    tool = {"type": "function", "function": {"name": "forecast", "parameters": params}}
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool], temperature=0, max_tokens=80,
+                                       tool_choice={"type": "function", "function": {"name": "forecast"}})  # fmt: skip
+    call = r.choices[0].message.tool_calls[0]
+    jsonschema.validate(json.loads(call.function.arguments), params)
+    assert set(json.loads(call.function.arguments)["where"]) <= {"city", "country"}
+
+
 def test_round_trip_the_tool_result_goes_back_through_the_template(client: openai.OpenAI, qwen: Any) -> None:
     tok = qwen[1]
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
@@ -129,6 +143,8 @@ def test_round_trip_the_tool_result_goes_back_through_the_template(client: opena
     assert "<tool_response>" in text and '"sky": "sunny"' in text and f'"name": "{call.function.name}"' in text
     assert final.usage.prompt_tokens == len(ids)
     assert final.choices[0].finish_reason in ("stop", "length") and final.choices[0].message.tool_calls is None
+    content, calls, finish = streamed(client, messages=convo, tools=TOOLS, temperature=0, max_tokens=12)
+    assert (content, calls, finish) == (final.choices[0].message.content or "", [], final.choices[0].finish_reason)
     # tool_choice "none": the tools are not rendered at all.
     none = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=1)
     assert none.usage.prompt_tokens == len(chat_ids(tok, ASK)[0])

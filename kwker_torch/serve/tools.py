@@ -88,13 +88,17 @@ class ToolPlan:
     def schema(self, tools: list[Any]) -> dict[str, Any]:
         """JSON Schema of a forced call: ``{"name": one of forced, <args key>: its parameters}``."""
         key = self.syntax.args_key
-        options = []
+        options, defs = [], {}
         for t in tools:
             if t.function.name in (self.forced or []):
                 params = _closed(t.function.parameters or {"type": "object", "properties": {}})
+                for where in ("$defs", "definitions"):  # ("#/$defs/x" points at the root: move them there)
+                    defs.update({f"#/{where}/{k}": (where, k, v) for k, v in params.pop(where, {}).items()})
                 options.append({"type": "object", "properties": {"name": {"const": t.function.name}, key: params},
                                 "required": ["name", key], "additionalProperties": False})  # fmt: skip
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+        for where, k, v in defs.values():
+            schema.setdefault(where, {})[k] = v
         return {**schema, "x-guidance": {"whitespace_flexible": False}}
 
 
