@@ -125,6 +125,26 @@ def test_forced_call_whose_schema_has_definitions(client: openai.OpenAI) -> None
     assert set(json.loads(call.function.arguments)["where"]) <= {"city", "country"}
 
 
+def test_required_call_with_two_functions_defining_the_same_name(client: openai.OpenAI) -> None:
+    def tool(name: str, item: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "parameters": {
+            "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}}, "required": ["item"],
+            "$defs": {"Item": item}}}}  # fmt: skip
+
+    a = tool("pick_colour", {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}},
+                             "required": ["colour"]})  # fmt: skip
+    b = tool("pick_size", {"type": "object", "properties": {"size": {"type": "integer", "minimum": 1, "maximum": 9},
+                           "both": {"allOf": [{"properties": {"x": {"type": "boolean"}}},
+                                              {"properties": {"y": {"type": "boolean"}}}]}},
+                           "required": ["size"]})  # fmt: skip
+    for seed in range(4):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[a, b], tool_choice="required",
+                                           temperature=1.0, seed=seed, max_tokens=80)  # fmt: skip
+        call = r.choices[0].message.tool_calls[0]
+        params = (a if call.function.name == "pick_colour" else b)["function"]["parameters"]
+        jsonschema.validate(json.loads(call.function.arguments), params)  # each held to its own Item
+
+
 def test_round_trip_the_tool_result_goes_back_through_the_template(client: openai.OpenAI, qwen: Any) -> None:
     tok = qwen[1]
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
@@ -174,9 +194,22 @@ def test_auto_parser_on_text() -> None:
     cut = split_reply('<tool_call>\n{"name": "add", "arguments": {"a": 1}}', HERMES)
     assert cut[0] is None and cut[1][0]["function"]["name"] == "add"
     # Llama 3 templates: the reply is one JSON object with "parameters".
-    content, calls = split_reply(' {"name": "add", "parameters": {"a": 1, "b": 2}}', LLAMA3_JSON)
+    content, calls = split_reply(' {"name": "add", "parameters": {"a": 1, "b": 2}}', LLAMA3_JSON, names=["add"])
     assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"a": 1, "b": 2}
     assert split_reply("Paris is sunny.", LLAMA3_JSON) == ("Paris is sunny.", [])
+    # Only the declared functions are called: a JSON answer that has a "name" is an answer.
+    person = '{"name": "Alice", "age": 30}'
+    assert split_reply(person, LLAMA3_JSON, names=["add"]) == (person, [])
+    assert split_reply('{"name": "add", "age": 30}', LLAMA3_JSON, names=["add"])[1] == []  # no parameters
+    made_up = '<tool_call>\n{"name": "search_web", "arguments": {"q": "x"}}\n</tool_call>'
+    assert split_reply(made_up, HERMES, names=["add"]) == (made_up, [])
+    assert split_reply('<tool_call>{"name": "add", "arguments": null}</tool_call>', HERMES, names=["add"])[1] == []
+    # Space before a call is not streamed as content (the whole reply has none either).
+    cs, items = CallStream(HERMES, names=["add"]), []
+    for piece in ["\n", "\n", "<tool", "_call>", '{"name": "add", "arguments": {}}', "</tool_call>", "\n"]:
+        items += cs.feed(piece)
+    items += cs.flush()
+    assert [k for k, _ in items] == ["call"]
 
 
 def test_bad_tool_requests_are_400s_naming_the_field(server: str) -> None:
@@ -190,8 +223,11 @@ def test_bad_tool_requests_are_400s_naming_the_field(server: str) -> None:
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
          "leave response_format out", "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-            "x": {"$ref": "#/nowhere"}}}}}], "tool_choice": "required"}, "cannot be", "tools"),
+            "x": {"type": "string", "pattern": "(?<=a)b"}}}}}], "tool_choice": "required"}, "cannot be", "tools"),
         ({"functions": [{"name": "f"}]}, "send 'tools'", "functions"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "x": {"$ref": "#/properties/y"}, "y": {"type": "string"}}}}}], "tool_choice": "required"},
+         "points outside its $defs", "tools"),
     ]  # fmt: skip
     for extra, words, param in bad:
         r = httpx.post(server + "/v1/chat/completions", json={"model": MODEL, "messages": ASK, **extra}, timeout=120)

@@ -41,6 +41,7 @@ class AdaptiveLookup:
         self.eos = set() if eos is None else {int(t) for t in eos.flatten().tolist()}
         self.drafted = 0
         self._t0: float | None = None
+        self._calls = 0  # the first verify step also reads the prompt: its time says nothing of drafts
         self.proposed = self.kept = 0  # totals (tests and benchmarks read them)
 
     def get_candidates(self, input_ids: torch.LongTensor, **_: Any) -> tuple[torch.LongTensor, None]:
@@ -62,7 +63,9 @@ class AdaptiveLookup:
                                   num_matches: int) -> None:  # fmt: skip
         took = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
         kept = min(int(num_matches), self.drafted)
-        self.planner.record(self.drafted, kept, 0.0 if self.drafted else None, self.drafted + 1, took)
+        self._calls += 1
+        if self._calls > 1:
+            self.planner.record(self.drafted, kept, 0.0 if self.drafted else None, self.drafted + 1, took)
         self.proposed += self.drafted
         self.kept += kept
 

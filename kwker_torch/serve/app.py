@@ -290,7 +290,8 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         n = len(flight.reqs)
         # Tool calls: an auto reply's text goes through a CallStream (calls sent whole as they close); a
         # forced reply is the call's JSON, held and sent as one call at the end.
-        splitters = [CallStream(tp.syntax, tp.parallel) for _ in range(n)] if tp is not None and not tp.forced else []
+        auto = tp is not None and not tp.forced
+        splitters = [CallStream(tp.syntax, tp.parallel, tp.names) for _ in range(n)] if tp is not None and auto else []
         held = [""] * n
         ncalls = [0] * n
 
@@ -380,7 +381,10 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         if top and not body.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs: true", "top_logprobs")
         sp = params(e, body, len(ids), body.max_completion_tokens or body.max_tokens, body.logprobs, top, "messages")
-        schema = tp.schema(body.tools) if tp is not None and tp.forced else None
+        try:
+            schema = tp.schema(body.tools) if tp is not None and tp.forced else None
+        except ToolError as err:
+            raise ApiError(400, str(err), err.param) from err
         flight = await start(e, [ids], sp, body, schema)
         return await respond(request, flight, body, True, [], tp)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,20 +93,48 @@ class ToolPlan:
         for t in tools:
             if t.function.name in (self.forced or []):
                 params = _closed(t.function.parameters or {"type": "object", "properties": {}})
-                for where in ("$defs", "definitions"):  # ("#/$defs/x" points at the root: move them there)
-                    defs.update({f"#/{where}/{k}": (where, k, v) for k, v in params.pop(where, {}).items()})
+                params, own = _hoist(params, t.function.name)
+                defs.update(own)
                 options.append({"type": "object", "properties": {"name": {"const": t.function.name}, key: params},
                                 "required": ["name", key], "additionalProperties": False})  # fmt: skip
         schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
-        for where, k, v in defs.values():
-            schema.setdefault(where, {})[k] = v
+        if defs:
+            schema["$defs"] = defs
         return {**schema, "x-guidance": {"whitespace_flexible": False}}
 
 
-def _closed(schema: Any) -> Any:
+def _hoist(params: dict[str, Any], fn: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A function's parameters nest inside the call's schema, where ``#/$defs/x`` would point at the call's
+    root: its definitions move there, renamed ``<function>__x`` (two functions may both define ``x``), and
+    its references follow. Other root references (``#``, ``#/properties/...``) cannot follow: a 400."""
+    moved = {}
+    for where in ("$defs", "definitions"):
+        for k, v in (params.pop(where, None) or {}).items():
+            moved[f"#/{where}/{k}"] = (f"{fn}__{k}", v)
+
+    def fix(x: Any) -> Any:
+        if isinstance(x, list):
+            return [fix(v) for v in x]
+        if not isinstance(x, dict):
+            return x
+        out = {k: fix(v) for k, v in x.items()}
+        ref = out.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            hit = next((p for p in moved if ref == p or ref.startswith(p + "/")), None)
+            if hit is None:
+                raise ToolError(f"tools: function {fn!r}: $ref {ref!r} points outside its $defs / definitions; "
+                                "only references into them are supported")  # fmt: skip
+            out["$ref"] = "#/$defs/" + moved[hit][0] + ref[len(hit) :]
+        return out
+
+    return fix(params), {name: fix(v) for name, v in moved.values()}
+
+
+def _closed(schema: Any, close: bool = True) -> Any:
     """The schema with ``additionalProperties: false`` wherever an object lists its properties and says
     nothing of others (OpenAI's strict mode): a forced call writes only the arguments the function names,
-    so weights that ramble cannot invent keys without end."""
+    so weights that ramble cannot invent keys without end. The branches of an ``allOf`` are not closed
+    themselves (each lists only its own properties: closed, no object could satisfy them all)."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -117,8 +146,8 @@ def _closed(schema: Any) -> Any:
             out[key] = _closed(out[key])
     for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
         if isinstance(out.get(key), list):
-            out[key] = [_closed(sub) for sub in out[key]]
-    if "properties" in out and "additionalProperties" not in out:
+            out[key] = [_closed(sub, key != "allOf") for sub in out[key]]
+    if close and "properties" in out and "additionalProperties" not in out and "allOf" not in out:
         out["additionalProperties"] = False
     return out
 
@@ -183,15 +212,29 @@ def new_call(name: str, arguments: Any) -> dict[str, Any]:
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
 
 
-def _call_of(text: str, syntax: CallSyntax) -> dict[str, Any] | None:
-    """The call a JSON object names, or None when the text is not one."""
+def _call_of(text: str, syntax: CallSyntax, names: Collection[str] | None = None) -> dict[str, Any] | None:
+    """The call a JSON object makes, or None when the text is not a call: not a JSON object, a ``name``
+    that is not one of ``names`` (a JSON answer that happens to have a name is an answer), or arguments
+    that are not an object (Llama 3 replies must carry their ``parameters``)."""
     try:
         obj = json.loads(text)
     except ValueError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = obj.get(syntax.args_key, obj.get("arguments", obj.get("parameters", {})))
+    if names is not None and obj["name"] not in names:
+        return None
+    key = syntax.args_key if syntax.args_key in obj else "arguments" if "arguments" in obj else None
+    if key is None and not syntax.open:
+        return None
+    args = obj.get(key, {}) if key else {}
+    if isinstance(args, str):  # (arguments written as a JSON string, as OpenAI sends them)
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
     return new_call(obj["name"], args)
 
 
@@ -200,9 +243,10 @@ class CallStream:
     return ("content", text) and ("call", call) items in order; a call's block is held until it closes.
     The whole reply fed at once gives what a stream gives (non-streamed replies are parsed this way)."""
 
-    def __init__(self, syntax: CallSyntax, parallel: bool = True) -> None:
+    def __init__(self, syntax: CallSyntax, parallel: bool = True, names: Collection[str] | None = None) -> None:
         self.s = syntax
         self.parallel = parallel
+        self.names = names  # the functions a call may name (None: any)
         self.buf = ""
         self.inside = False  # within a call block (hermes), or holding a JSON reply (llama3)
         self.started = False  # (llama3) some non-space text was seen
@@ -216,7 +260,7 @@ class CallStream:
         return self._scan(True)
 
     def _call(self, body: str, raw: str) -> list[tuple[str, Any]]:
-        call = _call_of(body.strip(), self.s)
+        call = _call_of(body.strip(), self.s, self.names)
         if call is None:
             return [("content", raw)] if raw else []
         self.calls += 1
@@ -255,14 +299,16 @@ class CallStream:
             i = self.buf.find(self.s.open)
             if i >= 0:
                 head = self.buf[:i]
-                if head.strip() or (head and not self.calls):  # (space between calls is not content)
+                if head.strip():  # (space before or between calls is not content)
                     out.append(("content", head))
                 self.buf, self.inside = self.buf[i + len(self.s.open) :], True
                 continue
             hold = 0 if end else _partial(self.buf, self.s.open)
             release = self.buf[: len(self.buf) - hold]
-            if self.calls and not release.strip():  # space after a call: content only if text follows
+            if not release.strip():  # space: content only if text follows, or the reply ends without calls
                 if end:
+                    if release and not self.calls:
+                        out.append(("content", release))
                     self.buf = ""
                 return out
             if release:
@@ -279,9 +325,10 @@ def _partial(text: str, marker: str) -> int:
     return 0
 
 
-def split_reply(text: str, syntax: CallSyntax, parallel: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
+def split_reply(text: str, syntax: CallSyntax, parallel: bool = True,
+                names: Collection[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:  # fmt: skip
     """(content, calls) of a whole ``auto`` reply; content is None when only calls remain."""
-    cs = CallStream(syntax, parallel)
+    cs = CallStream(syntax, parallel, names)
     items = cs.feed(text) + cs.flush()
     calls = [x for k, x in items if k == "call"]
     content = "".join(x for k, x in items if k == "content")
@@ -303,4 +350,4 @@ def reply(tp: ToolPlan | None, text: str) -> tuple[str | None, list[dict[str, An
     if tp.forced:
         calls = forced_reply(text, tp.syntax)
         return (None if calls else text), calls
-    return split_reply(text, tp.syntax, tp.parallel)
+    return split_reply(text, tp.syntax, tp.parallel, tp.names)
