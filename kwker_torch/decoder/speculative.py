@@ -62,8 +62,9 @@ def verify_sampled(p: torch.Tensor, q: torch.Tensor, d: int, gen: torch.Generato
 class Planner:
     """Chooses the number of drafts from the measured acceptance rate and step times."""
 
-    def __init__(self, max_draft: int) -> None:
+    def __init__(self, max_draft: int, pauses: bool = True) -> None:
         self.max_draft = max_draft
+        self.pauses = pauses  # pause after drafts that all failed (off where the rate alone decides)
         self.kept, self.rejected = 4.0, 1.0  # prior: a = 0.8
         self.t_draft: float | None = None
         self.t_verify: dict[int, float] = {}  # rows -> seconds (decayed mean)
@@ -104,7 +105,7 @@ class Planner:
             self.kept = 0.9 * self.kept + kept
             self.rejected = 0.9 * self.rejected + (kept < drafted)
             # As prompt lookup: a draft of which nothing was kept pauses drafting 1, 2, 4 .. 16 steps.
-            if kept == 0:
+            if kept == 0 and self.pauses:
                 self.pause, self.next_pause = self.next_pause, min(2 * self.next_pause, 16)
             else:
                 self.next_pause = 1
