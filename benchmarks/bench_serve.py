@@ -1,7 +1,8 @@
 """The OpenAI-compatible server (``python -m kwker_torch.serve``) under load, against llama.cpp, in one run.
 
 Sections (``--sections``, default all):
-  ``throughput``  8 concurrent requests, 64-token prompts + 64 new tokens (greedy, ``ignore_eos``), summed
+  ``throughput``  8 concurrent requests, 64-token prompts + 64 new tokens (greedy, ``ignore_eos``, servers with
+             ``--prompt-lookup`` from this script's flag, default 0), summed
              generated tokens/s from the first request sent to the last token received; against the same 8
              requests one at a time on our server, and llama.cpp's batched decoding of 8 sequences x (64 + 64)
              at the same bits (``batched``: llama-batched-bench's protocol, prompt time included), interleaved
@@ -356,6 +357,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
     ap.add_argument("--precisions", nargs="+", default=["preserve", "int8", "int4"])
+    ap.add_argument("--prompt-lookup", type=int, default=0,
+                    help="the throughput servers' --prompt-lookup (default 0: off, as issue 19's bars define it)")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--requests", type=int, default=10_000)
@@ -376,6 +379,7 @@ def main() -> None:
     tok = load_smollm2()[1]
     if "throughput" in args.sections:
         extra = ["--model", args.model] if args.model else []
+        extra += ["--prompt-lookup", str(args.prompt_lookup)]
         servers = {p: Server(p, extra=extra) for p in args.precisions}
         report["model"] = args.model or MODEL
         try:
