@@ -34,7 +34,7 @@ from .options import ServeOptions, load_model
 from .page import add_page
 from .sampling import SamplingParams
 from .schema import ChatCompletionRequest, CompletionRequest, error_body
-from .tools import CallStream, ToolError, ToolPlan, forced_reply, reply
+from .tools import CallStream, ToolError, ToolPlan, reply
 
 log = logging.getLogger("kwker.serve")
 
@@ -290,8 +290,8 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         n = len(flight.reqs)
         # Tool calls: an auto reply's text goes through a CallStream (calls sent whole as they close); a
         # forced reply is the call's JSON, held and sent as one call at the end.
-        auto = tp is not None and not tp.forced
-        splitters = [CallStream(tp.syntax, tp.parallel, tp.names) for _ in range(n)] if tp is not None and auto else []
+        splitters = ([CallStream(tp.syntax, tp.parallel, tp.names) for _ in range(n)]
+                     if tp is not None and not tp.forced else [])  # fmt: skip
         held = [""] * n
         ncalls = [0] * n
 
@@ -338,8 +338,8 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
                     held[i] += ev.text
                     items: list[tuple[str, Any]] = []
                     if ev.finish is not None:
-                        calls = forced_reply(held[i], tp.syntax)
-                        items = [("call", c) for c in calls] or [("content", held[i])]
+                        content, calls = reply(tp, held[i])
+                        items = [("call", c) for c in calls] or ([("content", content)] if content else [])
                 else:
                     items = splitters[i].feed(ev.text) + (splitters[i].flush() if ev.finish is not None else [])
                 toks = ev.tokens
@@ -365,6 +365,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         e = eng()
         try:
             tp = tools.plan(body, e.tok)
+            schema = tp.schema(body.tools) if tp is not None and tp.forced else None  # (a forced call's grammar)
         except ToolError as err:
             raise ApiError(400, str(err), err.param) from err
         if tp is not None and tp.forced and body.response_format and body.response_format.get("type") != "text":
@@ -381,10 +382,6 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         if top and not body.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs: true", "top_logprobs")
         sp = params(e, body, len(ids), body.max_completion_tokens or body.max_tokens, body.logprobs, top, "messages")
-        try:
-            schema = tp.schema(body.tools) if tp is not None and tp.forced else None
-        except ToolError as err:
-            raise ApiError(400, str(err), err.param) from err
         flight = await start(e, [ids], sp, body, schema)
         return await respond(request, flight, body, True, [], tp)
 
