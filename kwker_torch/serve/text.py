@@ -61,12 +61,7 @@ class StopMatcher:
         if hit >= 0:
             self.text = self.text[:hit]
             return self._release(len(self.text)), True
-        hold = 0  # longest end of the text that starts some stop string
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.text)), hold, -1):
-                if self.text.endswith(s[:k]):
-                    hold = k
-                    break
+        hold = max((held_prefix(self.text, s) for s in self.stops), default=0)
         return self._release(len(self.text) - hold), False
 
     def flush(self) -> str:
@@ -78,3 +73,11 @@ class StopMatcher:
         out = self.text[self.released : upto]
         self.released = upto
         return out
+
+
+def held_prefix(text: str, marker: str) -> int:
+    """Length of the longest end of ``text`` that starts ``marker`` (held back: it may become the marker)."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0

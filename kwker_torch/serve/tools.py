@@ -28,6 +28,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from .text import held_prefix
+
 
 class ToolError(ValueError):
     """A tools request this server cannot honour for this model; ``param`` names the field."""
@@ -303,7 +305,7 @@ class CallStream:
                     out.append(("content", head))
                 self.buf, self.inside = self.buf[i + len(self.s.open) :], True
                 continue
-            hold = 0 if end else _partial(self.buf, self.s.open)
+            hold = 0 if end else held_prefix(self.buf, self.s.open)
             release = self.buf[: len(self.buf) - hold]
             if not release.strip():  # space: content only if text follows, or the reply ends without calls
                 if end:
@@ -315,14 +317,6 @@ class CallStream:
                 out.append(("content", release))
                 self.buf = self.buf[len(release) :]
             return out
-
-
-def _partial(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that starts ``marker`` (held back: it may become the marker)."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
 
 
 def split_reply(text: str, syntax: CallSyntax, parallel: bool = True,
