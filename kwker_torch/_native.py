@@ -13,7 +13,7 @@ import os
 import torch
 
 LIB_NAME = "libkwker_shim.so"
-TIERS = ("generic", "avx2", "avxvnni", "avx512")
+TIERS = ("generic", "avx2", "avxvnni", "avx512", "amx")
 
 
 def _load() -> ctypes.CDLL:
@@ -39,7 +39,8 @@ LIB = _load()
 
 
 def isa() -> str:
-    """The instruction-set tier the kernels run on: ``"avx512"``, ``"avxvnni"``, ``"avx2"`` or ``"generic"``."""
+    """The instruction-set tier the kernels run on: ``"amx"``, ``"avx512"``, ``"avxvnni"``, ``"avx2"`` or
+    ``"generic"``."""
     return LIB.kwker_isa_name().decode()
 
 

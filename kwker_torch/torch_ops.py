@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from . import _native  # noqa: F401  (registers the ops)
+from . import _native  # registers the ops; the tier in use
 from .path_choice import KWKER, PathChoice, rows_bucket
 
 log = logging.getLogger("kwker_torch")
@@ -104,7 +104,10 @@ def _below_autograd(op: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor
 
 
 _PLAIN = (torch.nn.Parameter, torch.Tensor)
-_AMX_REASON = "bf16 prompt GEMMs on a CPU with AMX (torch's oneDNN AMX GEMM is faster than kwker's AVX-512 one)"
+_AMX_REASON = (
+    "bf16 prompt GEMMs on a CPU with AMX while kwker runs without its amx tier (torch's oneDNN AMX GEMM is "
+    "faster than kwker's AVX-512 one)"
+)
 
 
 def _fast_path_ok(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
@@ -319,8 +322,10 @@ def _torch_uses_amx() -> bool:
 
 
 def prompt_on_torch(rows: int) -> bool:
-    """Whether install() leaves a bf16 linear over ``rows`` rows on torch (AMX CPUs, prompt-sized)."""
-    return rows > AMX_MIN_ROWS and _torch_uses_amx()
+    """Whether install() leaves a bf16 linear over ``rows`` rows on torch: prompt-sized, on a CPU where
+    torch's GEMM has AMX tiles and kwker's tier does not (``KWKER_ISA=avx512`` on an AMX CPU, say). With
+    kwker's own ``amx`` tier such calls take the measured choice like any other (``choose="measure"``)."""
+    return rows > AMX_MIN_ROWS and _torch_uses_amx() and _native.isa() != "amx"
 
 
 def _report_model(model: torch.nn.Module) -> None:

@@ -218,6 +218,20 @@ def test_unsupported_linears_stay_on_torch_logged_once(caplog: pytest.LogCapture
     assert torch_ops.stats()["linear"] == 0 and torch_ops.stats()["linear_torch"] == 4
 
 
+def test_amx_prompts_left_to_torch_only_without_kwkers_amx_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU where torch's GEMM has AMX, bf16 prompt linears go to torch unless kwker runs its own
+    ``amx`` tier (then the measured choice decides); decode rows stay on kwker either way."""
+    from kwker_torch import _native
+
+    monkeypatch.setattr(torch_ops, "_torch_uses_amx", lambda: True)
+    for tier, prompt_to_torch in [("avx512", True), ("amx", False)]:
+        monkeypatch.setattr(_native, "isa", lambda tier=tier: tier)
+        assert torch_ops.prompt_on_torch(128) is prompt_to_torch, tier
+        assert torch_ops.prompt_on_torch(1) is False, tier
+    monkeypatch.setattr(torch_ops, "_torch_uses_amx", lambda: False)
+    assert torch_ops.prompt_on_torch(128) is False
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name,layers", [("SmolLM2-360M", 4), ("Qwen2.5-0.5B", 3), ("Llama-3.2-1B", 2), ("Mistral-7B-v0.1", 1)]

@@ -21,6 +21,8 @@ def test_detected_tiers_match_cpu_flags() -> None:
     assert ("avx2" in tiers) == ({"avx2", "fma"} <= flags)
     assert ("avx512" in tiers) == ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags)
     assert ("avxvnni" in tiers) == ({"avx2", "fma", "f16c", "avx_vnni"} <= flags)  # /proc/cpuinfo's name
+    # Linux lists amx_* only where it also saves tile state and grants it (arch_prctl) on request.
+    assert ("amx" in tiers) == ("avx512" in tiers and {"amx_tile", "amx_bf16"} <= flags)
     assert kwker_torch.isa() == tiers[-1]  # default: the best tier
 
 

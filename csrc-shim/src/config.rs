@@ -16,6 +16,7 @@ fn code(isa: Isa) -> u8 {
         Isa::Avx2 => 1,
         Isa::Avx512 => 2,
         Isa::AvxVnni => 3,
+        Isa::Amx => 4,
     }
 }
 
@@ -24,6 +25,7 @@ fn from_code(c: u8) -> Isa {
         1 => Isa::Avx2,
         2 => Isa::Avx512,
         3 => Isa::AvxVnni,
+        4 => Isa::Amx,
         _ => Isa::Generic,
     }
 }
@@ -53,7 +55,7 @@ pub fn thread_cap() -> usize {
     from_env
 }
 
-/// Name of the tier in use ("generic", "avx2", "avxvnni", "avx512"); a static string.
+/// Name of the tier in use ("generic", "avx2", "avxvnni", "avx512", "amx"); a static string.
 #[no_mangle]
 pub extern "C" fn kwker_isa_name() -> *const c_char {
     // Static C strings, one per tier, so the pointer stays valid forever.
@@ -62,6 +64,7 @@ pub extern "C" fn kwker_isa_name() -> *const c_char {
         Isa::Avx2 => c"avx2",
         Isa::AvxVnni => c"avxvnni",
         Isa::Avx512 => c"avx512",
+        Isa::Amx => c"amx",
     };
     name.as_ptr()
 }

@@ -105,7 +105,7 @@ impl Ops {
     fn of(isa: Isa) -> Ops {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => Ops {
+            Isa::Avx512 | Isa::Amx => Ops {
                 qk: avx512::qk,
                 pv: avx512::pv,
                 exp_sum: avx512::exp_sum,

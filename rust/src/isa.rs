@@ -22,11 +22,15 @@ pub enum Isa {
     AvxVnni,
     /// x86-64 AVX-512 F/BW/VL/DQ + FMA (512-bit vectors, masked tails).
     Avx512,
+    /// AVX-512 and AMX tiles (AMX-TILE, AMX-BF16, the OS's tile state granted to the process:
+    /// Intel Sapphire Rapids and later): the AVX-512 kernels, but bf16 linears of many rows
+    /// run on `tdpbf16ps` tiles (`linear::amx`).
+    Amx,
 }
 
 impl Isa {
     /// Every tier, least capable first.
-    pub const ALL: [Isa; 4] = [Isa::Generic, Isa::Avx2, Isa::AvxVnni, Isa::Avx512];
+    pub const ALL: [Isa; 5] = [Isa::Generic, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx];
 
     /// Lower-case name, as accepted by `KWKER_ISA`.
     pub fn name(self) -> &'static str {
@@ -35,6 +39,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -75,6 +80,8 @@ impl Isa {
                     && std::arch::is_x86_feature_detected!("avx512vl")
                     && std::arch::is_x86_feature_detected!("avx512dq")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512.cpu_has() && crate::amx::usable(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -87,12 +94,12 @@ pub fn ceiling() -> Isa {
     *CEILING.get_or_init(|| {
         let request = std::env::var("KWKER_ISA_MAX").ok();
         match request.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
-            None => Isa::Avx512,
+            None => Isa::Amx,
             Some(r) => Isa::from_name(r).unwrap_or_else(|| {
                 eprintln!(
-                    "kwker: KWKER_ISA_MAX={r} is not one of generic|avx2|avxvnni|avx512; ignored"
+                    "kwker: KWKER_ISA_MAX={r} is not one of generic|avx2|avxvnni|avx512|amx; ignored"
                 );
-                Isa::Avx512
+                Isa::Amx
             }),
         }
     })
@@ -146,7 +153,7 @@ fn resolve(
         None => (
             best,
             Some(format!(
-                "kwker: KWKER_ISA={req} is not one of generic|avx2|avxvnni|avx512; using {}",
+                "kwker: KWKER_ISA={req} is not one of generic|avx2|avxvnni|avx512|amx; using {}",
                 best.name()
             )),
         ),

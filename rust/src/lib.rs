@@ -10,6 +10,7 @@
 //! same function names; only the dispatchers (`linear::linear`, `attention::decode_attention`)
 //! know that several exist. `isa::detect()` picks the best tier the host supports.
 
+pub mod amx;
 pub mod attention;
 pub mod bf16;
 pub mod decoder;

@@ -24,6 +24,8 @@ use std::ops::Range;
 
 pub(crate) use generic::dot as generic_dot;
 
+#[cfg(target_arch = "x86_64")]
+use crate::amx::bf16_gemm;
 use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
 
@@ -133,6 +135,24 @@ pub fn linear(
         bias,
         y: SyncPtr(y.as_mut_ptr()),
     };
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Amx, Weight::Bf16(wb)) = (isa, w) {
+        if m >= bf16_gemm::MIN_M {
+            let g = bf16_gemm::Gemm {
+                x,
+                m,
+                k,
+                w: bf16_gemm::Weights::RowMajor(wb),
+                n,
+                bias,
+                y: problem.y,
+            };
+            // SAFETY: the Amx tier is supported (asserted above): AVX-512 and usable AMX tiles;
+            // lengths were checked against m, k, n, all non-zero here; y is ours alone.
+            unsafe { bf16_gemm::gemm(par, &g, &|| crate::amx::Hw, true) };
+            return;
+        }
+    }
     let fmas = mn.saturating_mul(k);
     let want = par
         .num_threads()
@@ -200,7 +220,7 @@ impl Tier {
     fn of(isa: Isa) -> Tier {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => Tier {
+            Isa::Avx512 | Isa::Amx => Tier {
                 gemv: avx512::gemv,
                 gemm: avx512::gemm,
                 mr: avx512::MR,

@@ -9,6 +9,9 @@
 //!   shift and a mask widen 32 values into two f32 vectors of 16 consecutive rows each.
 //! - The last panel is zero-padded; padded outputs are never stored.
 //!
+//! On the `amx` tier, bf16 panels of many rows (prompts) run on AMX tiles instead (`amx::bf16_gemm`:
+//! float32-exact products of an exact bf16 split of x, float32 sums in the tiles' order).
+//!
 //! Numerical contract: every product is exact (bf16 widens exactly), every sum f32; an output is the
 //! sum over k blocks of `KC` (or all of k for few rows) of in-order partial sums, then the bias. Tiers
 //! differ from the scalar reference only in that blocking and in fused multiply-add rounding.
@@ -22,6 +25,8 @@ mod avx512;
 
 use std::ops::Range;
 
+#[cfg(target_arch = "x86_64")]
+use crate::amx::bf16_gemm;
 use crate::bf16::bf16_to_f32;
 use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
@@ -190,7 +195,7 @@ type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
 fn tier(isa: Isa) -> PanelFn {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => avx512::panels,
+        Isa::Avx512 | Isa::Amx => avx512::panels,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => avx2::panels,
         _ => generic::panels,
@@ -300,6 +305,24 @@ pub fn panel_linear(
     if k == 0 {
         crate::linear::broadcast_bias(y, n, bias);
         return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Amx, PanelWeight::Bf16 { data, .. }) = (isa, w) {
+        if m >= bf16_gemm::MIN_M {
+            let g = bf16_gemm::Gemm {
+                x,
+                m,
+                k,
+                w: bf16_gemm::Weights::Panels(data),
+                n,
+                bias,
+                y: SyncPtr(y.as_mut_ptr()),
+            };
+            // SAFETY: the Amx tier is supported (asserted above); lengths checked, m, n, k > 0;
+            // y is ours alone for the call.
+            unsafe { bf16_gemm::gemm(par, &g, &|| crate::amx::Hw, true) };
+            return;
+        }
     }
     let job = Job {
         x,

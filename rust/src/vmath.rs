@@ -45,7 +45,7 @@ pub fn act_mul(isa: Isa, act: Act, g: &[f32], u: &[f32], out: &mut [f32]) {
     match isa {
         // SAFETY: the tier is supported (the caller's contract).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::act_mul(act, g, u, out) },
+        Isa::Avx512 | Isa::Amx => unsafe { avx512::act_mul(act, g, u, out) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::act_mul(act, g, u, out) },
@@ -58,7 +58,7 @@ pub fn act_in_place(isa: Isa, act: Act, x: &mut [f32]) {
     match isa {
         // SAFETY: the tier is supported (the caller's contract).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::act_in_place(act, x) },
+        Isa::Avx512 | Isa::Amx => unsafe { avx512::act_in_place(act, x) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::act_in_place(act, x) },
@@ -71,7 +71,7 @@ pub fn softcap(isa: Isa, x: &mut [f32], cap: f32) {
     match isa {
         // SAFETY: the tier is supported (the caller's contract).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { avx512::softcap(x, cap) },
+        Isa::Avx512 | Isa::Amx => unsafe { avx512::softcap(x, cap) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::softcap(x, cap) },

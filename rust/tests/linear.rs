@@ -364,3 +364,54 @@ fn unsupported_isa_panics_instead_of_faulting() {
         assert!(r.is_err(), "{} accepted on a CPU without it", isa.name());
     }
 }
+
+/// The AMX tier's tiles on the hardware (where the CPU has AMX; elsewhere the kernel is tested
+/// through `amx::Emu` in the crate's unit tests). Its shapes against float64 are covered by
+/// every test above, which loop over the supported tiers; this one proves the tiles ran: an
+/// activation below 2^-126 is read as zero by `tdpbf16ps` (DAZ), where the FMA tiers keep it.
+#[test]
+fn amx_tiles_ran_where_the_cpu_has_them() {
+    if !Isa::Amx.is_supported() {
+        eprintln!("skipped: this CPU (or KWKER_ISA_MAX) has no AMX tiles; the emulated tiles are tested in the unit tests");
+        return;
+    }
+    let (m, k, n) = (32, 32, 16);
+    let mut x = vec![0.0f32; m * k];
+    x[0] = f32::from_bits(0x0001_0000); // a denormal float32 (about 9.2e-41), exact in bf16
+    let w = vec![0x7e80u16; n * k]; // 2^126 in bf16: the product, 2^-7 or so, is a normal number
+    let (mut amx, mut fma) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+    linear(
+        Isa::Amx,
+        &Serial,
+        &x,
+        m,
+        k,
+        Weight::Bf16(&w),
+        n,
+        None,
+        &mut amx,
+    );
+    linear(
+        Isa::Avx512,
+        &Serial,
+        &x,
+        m,
+        k,
+        Weight::Bf16(&w),
+        n,
+        None,
+        &mut fma,
+    );
+    // Row 0 holds the denormal's products (one per column); every other row is zero.
+    assert!(
+        fma[..n].iter().all(|&v| v == 2f32.powi(-7)),
+        "the FMA tier keeps the denormal's product: {}",
+        fma[0]
+    );
+    assert!(
+        amx[..n].iter().all(|&v| v == 0.0),
+        "tdpbf16ps reads a denormal input as zero: {}",
+        amx[0]
+    );
+    assert!(amx[n..].iter().chain(&fma[n..]).all(|&v| v == 0.0));
+}

@@ -1,0 +1,523 @@
+//! bf16-weight GEMMs on AMX tiles (`tdpbf16ps`) over float32 or bf16 activations: the `amx` tier
+//! of `linear` (row-major weights, packed per call) and of `panel_linear` (the decoder's panels).
+//!
+//! Exact split: every float32 activation x is cut into hi + mid + lo, three bf16 values whose sum
+//! is x exactly (truncation: hi keeps the top 8 significant bits, mid the next 8 of the remainder,
+//! lo what is left, which fits in 8 bits). A bf16 x bf16 product is exact in float32, so
+//! y = hi W^T + mid W^T + lo W^T has every product of the float32 GEMM, summed in float32 in
+//! another order: float32-level results, as the FMA tiers give. Activations that were bf16 (a
+//! torch bf16 model under `torch_ops.install()`) have mid = lo = 0 and run one pass, not three.
+//!
+//! Blocking: the activations are split once per call (in parallel, by rows) into row-major bf16
+//! pieces padded to 32 rows and k to a multiple of 32. Each task owns a block of columns (or of
+//! rows, when columns are few); for every 32 columns it packs the weights into the tiles' pair
+//! order once (two 16-column tiles per 32-long k step), then runs every 32-row block of the
+//! activations over them: 4 sum tiles, each k step loads the 2 weight tiles once and 2 activation
+//! tiles per piece. Sums stay in the tiles over all of k; the bias is added once at the end.
+//!
+//! Numerical contract: float32 sums of exact products (the hardware's order); like every AMX and
+//! AVX512-BF16 instruction, `tdpbf16ps` reads denormal inputs as zero and flushes denormal results,
+//! so a piece or weight below 2^-126 (1.2e-38) in magnitude counts as zero: an absolute change
+//! below 2^-126 |w| per product, and none for x above 2^-110 (where all of lo is normal).
+//! Infinities and NaN in x stay in hi (mid = lo = 0), so they reach y as float32 would carry them.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::{Tiles, ROWS, ROW_BYTES};
+use crate::panel::PANEL;
+use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
+use crate::scratch::with_scratch;
+
+/// From this many rows on, bf16 linears run on AMX tiles (below: the AVX-512 GEMV / GEMM).
+pub(crate) const MIN_M: usize = 32;
+/// Rows and columns of one block of four sum tiles.
+const MB: usize = 2 * ROWS;
+const NB: usize = 2 * ROWS;
+/// k per tile step: 16 bf16 pairs per 64-byte row.
+const KS: usize = ROW_BYTES / 2;
+/// Below this many multiply-adds per task, splitting further costs more than it saves.
+const MIN_MACS_PER_TASK: usize = 1 << 20;
+
+/// The activations as bf16 pieces: `pieces` blocks of `[m_pad][kp]`, zero-padded.
+struct Split {
+    data: *const u16,
+    pieces: usize,
+    m_pad: usize,
+    kp: usize,
+}
+
+/// Cuts x into hi + mid + lo (see the module header). Returns whether mid and lo had a non-zero.
+#[inline(always)]
+fn split_row(x: &[f32], hi: &mut [u16], mid: &mut [u16], lo: &mut [u16]) -> (bool, bool) {
+    let (mut any_mid, mut any_lo) = (0u16, 0u16);
+    for (i, &v) in x.iter().enumerate() {
+        let bits = v.to_bits();
+        let h = bits & 0xffff_0000;
+        // Inf / NaN (exponent all ones): everything in hi, NaN kept a NaN after truncation.
+        let special = bits & 0x7f80_0000 == 0x7f80_0000;
+        let r = if special { 0.0 } else { v - f32::from_bits(h) };
+        let m = r.to_bits() & 0xffff_0000;
+        let l = (r - f32::from_bits(m)).to_bits();
+        let h = if special && bits & 0x007f_ffff != 0 {
+            0x7fc0
+        } else {
+            (h >> 16) as u16
+        };
+        hi[i] = h;
+        mid[i] = (m >> 16) as u16;
+        lo[i] = (l >> 16) as u16;
+        any_mid |= mid[i] & 0x7fff;
+        any_lo |= lo[i] & 0x7fff;
+    }
+    (any_mid != 0, any_lo != 0)
+}
+
+/// Splits rows `rows` of x (m x k) into the three piece blocks at `out` (`[3][m_pad][kp]`),
+/// zeros past m and k. Returns (any mid, any lo).
+///
+/// # Safety
+/// `out` points at 3 * m_pad * kp u16s and no other thread writes these rows.
+unsafe fn split_rows(
+    x: &[f32],
+    k: usize,
+    m: usize,
+    rows: Range<usize>,
+    m_pad: usize,
+    kp: usize,
+    out: *mut u16,
+) -> (bool, bool) {
+    let (mut any_mid, mut any_lo) = (false, false);
+    for r in rows {
+        // SAFETY: r < m_pad, so the three rows lie inside `out` (caller's contract), and they
+        // are distinct rows of distinct pieces: the slices do not overlap.
+        let (hi, mid, lo) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(out.add(r * kp), kp),
+                std::slice::from_raw_parts_mut(out.add((m_pad + r) * kp), kp),
+                std::slice::from_raw_parts_mut(out.add((2 * m_pad + r) * kp), kp),
+            )
+        };
+        if r < m {
+            let (a, b) = split_row(&x[r * k..(r + 1) * k], hi, mid, lo);
+            any_mid |= a;
+            any_lo |= b;
+            for piece in [&mut *hi, &mut *mid, &mut *lo] {
+                piece[k..].fill(0);
+            }
+        } else {
+            for piece in [hi, mid, lo] {
+                piece.fill(0);
+            }
+        }
+    }
+    (any_mid, any_lo)
+}
+
+/// `split_rows` compiled for AVX-512 (the same code, vectorised), for the hardware path.
+///
+/// # Safety
+/// As `split_rows`, and the CPU has AVX-512 F/BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+unsafe fn split_rows_avx512(
+    x: &[f32],
+    k: usize,
+    m: usize,
+    rows: Range<usize>,
+    m_pad: usize,
+    kp: usize,
+    out: *mut u16,
+) -> (bool, bool) {
+    // SAFETY: forwarded contract.
+    unsafe { split_rows(x, k, m, rows, m_pad, kp, out) }
+}
+
+/// The bf16 weights of a GEMM, `[n, k]`, in one of the layouts the crate stores them in.
+#[derive(Clone, Copy)]
+pub(crate) enum Weights<'a> {
+    /// Row-major (torch's `nn.Linear.weight`).
+    RowMajor(&'a [u16]),
+    /// `panel::PanelWeight::Bf16`'s data: panels of 32 rows, k-major, rows i and 16 + i side by side.
+    Panels(&'a [u16]),
+}
+
+/// One GEMM: y[m, n] = x[m, k] w^T (+ bias).
+pub(crate) struct Gemm<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub k: usize,
+    pub w: Weights<'a>,
+    pub n: usize,
+    pub bias: Option<&'a [f32]>,
+    /// Points at m * n f32s.
+    pub y: SyncPtr<f32>,
+}
+
+/// Where weight (column c < 32 of the block, k index kk) goes in a packed block: `[kp / 32][2 tiles]
+/// [16 pairs][16 columns][2]`, the order `tdpbf16ps` reads its second operand in.
+#[inline(always)]
+fn packed_at(c: usize, kk: usize) -> usize {
+    let (tile, col) = (c / ROWS, c % ROWS);
+    let (step, pair, odd) = (kk / KS, (kk % KS) / 2, kk % 2);
+    (((step * 2 + tile) * ROWS + pair) * ROWS + col) * 2 + odd
+}
+
+/// Packs weight columns j0 .. j0 + 32 for every k step into `dst` (see `packed_at`), zeros past n
+/// and k.
+fn pack_b(w: Weights<'_>, n: usize, k: usize, kp: usize, j0: usize, dst: &mut [u16]) {
+    debug_assert_eq!(dst.len(), kp * NB);
+    if j0 + NB > n || !k.is_multiple_of(KS) {
+        dst.fill(0);
+    }
+    let cols = NB.min(n - j0);
+    match w {
+        Weights::RowMajor(w) => {
+            for c in 0..cols {
+                for (kk, &v) in w[(j0 + c) * k..(j0 + c + 1) * k].iter().enumerate() {
+                    dst[packed_at(c, kk)] = v;
+                }
+            }
+        }
+        Weights::Panels(w) => {
+            // NB == PANEL and j0 is a multiple of 32: one panel, k rows of 32 values, row i of the
+            // panel at slot 2i (i < 16) or 2(i - 16) + 1.
+            let panel = &w[(j0 / PANEL) * k * PANEL..(j0 / PANEL + 1) * k * PANEL];
+            for (kk, line) in panel.chunks_exact(PANEL).enumerate() {
+                for (s, &v) in line.iter().enumerate() {
+                    let c = if s % 2 == 0 { s / 2 } else { ROWS + s / 2 };
+                    dst[packed_at(c, kk)] = v;
+                }
+            }
+        }
+    }
+}
+
+/// 32 x 32 float32 sums, as the four tiles store them.
+#[repr(C, align(64))]
+struct Stage([f32; MB * NB]);
+
+/// One task: y[rows x cols] from the split activations and w.
+///
+/// # Safety
+/// `t` can run (hardware tiles only where `amx::usable()`); rows start on a multiple of 32 and
+/// lie within m; cols start on a multiple of 32 and lie within n; `a` is a complete split of x;
+/// no other thread writes this tile of y.
+unsafe fn task<T: Tiles>(
+    t: &mut T,
+    p: &Gemm<'_>,
+    a: &Split,
+    rows: Range<usize>,
+    cols: Range<usize>,
+) {
+    let (k, n, kp) = (p.k, p.n, a.kp);
+    let a_stride = kp * 2;
+    let mut stage = Stage([0.0; MB * NB]);
+    with_scratch(kp * NB / 2, |buf| {
+        // SAFETY: the f32 scratch holds kp * NB / 2 floats = kp * NB u16s, 64-byte aligned.
+        let packed =
+            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u16>(), kp * NB) };
+        // SAFETY (whole block): tiles are configured before use and released at the end; every
+        // tile pointer below addresses 16 rows of 64 bytes inside `packed`, the split (rows
+        // rb .. rb + 32 <= m_pad, k steps < kp / 32) or `stage`; y is written only at
+        // rows x cols of this task.
+        unsafe {
+            t.configure();
+            for j0 in cols.clone().step_by(NB) {
+                pack_b(p.w, n, k, kp, j0, packed);
+                for rb in rows.clone().step_by(MB) {
+                    t.zero_c();
+                    for step in 0..kp / KS {
+                        let b = packed.as_ptr().add(step * 2 * ROWS * KS);
+                        t.load_b(0, b.cast(), ROW_BYTES);
+                        t.load_b(1, b.add(ROWS * KS).cast(), ROW_BYTES);
+                        for piece in 0..a.pieces {
+                            let at = a.data.add((piece * a.m_pad + rb) * kp + step * KS);
+                            t.load_a(0, at.cast(), a_stride);
+                            t.load_a(1, at.add(ROWS * kp).cast(), a_stride);
+                            t.dp_bf16();
+                        }
+                    }
+                    let s = stage.0.as_mut_ptr();
+                    for (tile, (i, j)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+                        t.store_c(tile, s.add(i * ROWS * NB + j * ROWS).cast(), NB * 4);
+                    }
+                    let (re, ce) = ((rb + MB).min(rows.end), (j0 + NB).min(cols.end));
+                    for r in rb..re {
+                        let src = &stage.0[(r - rb) * NB..(r - rb) * NB + (ce - j0)];
+                        let dst =
+                            std::slice::from_raw_parts_mut(p.y.get().add(r * n + j0), ce - j0);
+                        match p.bias {
+                            Some(bias) => {
+                                for ((d, s), b) in dst.iter_mut().zip(src).zip(&bias[j0..ce]) {
+                                    *d = s + b;
+                                }
+                            }
+                            None => dst.copy_from_slice(src),
+                        }
+                    }
+                }
+            }
+            t.release();
+        }
+    });
+}
+
+/// y = x w^T (+ bias) on AMX tiles, every row of y. `make` gives each task its tiles (`amx::Hw`
+/// on an AMX CPU, `amx::Emu` in tests); `avx512` splits with AVX-512 code.
+///
+/// # Safety
+/// `make`'s tiles can run on this CPU, and AVX-512 is present when `avx512` is set; m, n, k > 0,
+/// x holds m * k values, w n * k (row-major) or its panels, the bias n, y points at m * n f32s
+/// that nothing else accesses during the call.
+pub(crate) unsafe fn gemm<T: Tiles>(
+    par: &dyn Parallel,
+    p: &Gemm<'_>,
+    make: &(dyn Fn() -> T + Sync),
+    avx512: bool,
+) {
+    let (m, k, n) = (p.m, p.k, p.n);
+    let (m_pad, kp) = (m.next_multiple_of(MB), k.next_multiple_of(KS));
+    let want = |work: usize| {
+        par.num_threads()
+            .clamp(1, (work / MIN_MACS_PER_TASK).max(1))
+    };
+    with_scratch((3 * m_pad * kp).div_ceil(2), |buf| {
+        let out = SyncPtr(buf.as_mut_ptr().cast::<u16>());
+        let (any_mid, any_lo) = (AtomicBool::new(false), AtomicBool::new(false));
+        let chunks = chunk_ranges(m_pad, want(m_pad * kp * 16), MB);
+        run_tasks(par, chunks.len(), &|i| {
+            // SAFETY: `out` holds 3 * m_pad * kp u16s (the scratch above); chunks are disjoint
+            // row ranges, so each task writes its own rows; AVX-512 only when the caller says so.
+            let (a, b) = unsafe {
+                #[cfg(target_arch = "x86_64")]
+                if avx512 {
+                    split_rows_avx512(p.x, k, m, chunks[i].clone(), m_pad, kp, out.get())
+                } else {
+                    split_rows(p.x, k, m, chunks[i].clone(), m_pad, kp, out.get())
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                split_rows(p.x, k, m, chunks[i].clone(), m_pad, kp, out.get())
+            };
+            any_mid.fetch_or(a, Ordering::Relaxed);
+            any_lo.fetch_or(b, Ordering::Relaxed);
+        });
+        let pieces = if any_lo.into_inner() {
+            3
+        } else if any_mid.into_inner() {
+            2
+        } else {
+            1
+        };
+        let a = Split {
+            data: out.get(),
+            pieces,
+            m_pad,
+            kp,
+        };
+        let tasks = want(m * n * k * pieces);
+        let tiles: Vec<(Range<usize>, Range<usize>)> =
+            if n.div_ceil(NB) >= 2 * tasks || m_pad / MB < tasks {
+                chunk_ranges(n, tasks, NB)
+                    .into_iter()
+                    .map(|c| (0..m, c))
+                    .collect()
+            } else {
+                chunk_ranges(m, tasks, MB)
+                    .into_iter()
+                    .map(|r| (r, 0..n))
+                    .collect()
+            };
+        let a = SyncSplit(a);
+        run_tasks(par, tiles.len(), &|i| {
+            let (rows, cols) = tiles[i].clone();
+            let mut t = make();
+            // SAFETY: chunk_ranges aligns starts to 32 and keeps within m / n; tiles are
+            // disjoint; the split is complete (run_tasks above joined); `make`'s contract.
+            unsafe { task(&mut t, p, a.get(), rows, cols) }
+        });
+    });
+}
+
+/// The split is only read by the GEMM tasks, after every writer joined.
+struct SyncSplit(Split);
+
+impl SyncSplit {
+    /// Inside closures: a method call captures the whole (Sync) wrapper, a field its raw pointer.
+    fn get(&self) -> &Split {
+        &self.0
+    }
+}
+// SAFETY: the pointed-to data is immutable while tasks share it (written before, read after).
+unsafe impl Sync for SyncSplit {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::amx::Emu;
+    use crate::bf16::{bf16_to_f32, f32_to_bf16};
+    use crate::panel::PanelWeight;
+    use crate::par::{ScopedThreads, Serial};
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// y in float64 from the same (bf16) weights and float32 activations.
+    fn reference(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: &[u16],
+        n: usize,
+        bias: Option<&[f32]>,
+    ) -> Vec<f64> {
+        let mut y = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = bias.map_or(0.0, |b| b[j] as f64);
+                for kk in 0..k {
+                    s += x[i * k + kk] as f64 * bf16_to_f32(w[j * k + kk]) as f64;
+                }
+                y[i * n + j] = s;
+            }
+        }
+        y
+    }
+
+    fn run_on(
+        par: &dyn Parallel,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: Weights<'_>,
+        n: usize,
+        bias: Option<&[f32]>,
+    ) -> Vec<f32> {
+        let mut y = vec![f32::NAN; m * n];
+        let p = Gemm {
+            x,
+            m,
+            k,
+            w,
+            n,
+            bias,
+            y: SyncPtr(y.as_mut_ptr()),
+        };
+        // SAFETY: emulated tiles run anywhere; no AVX-512; lengths match.
+        unsafe { gemm(par, &p, &Emu::new, false) };
+        y
+    }
+
+    /// The row-major layout's result, after checking the panel layout gives the same bits.
+    fn run(
+        par: &dyn Parallel,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: &[u16],
+        n: usize,
+        bias: Option<&[f32]>,
+    ) -> Vec<f32> {
+        let y = run_on(par, x, m, k, Weights::RowMajor(w), n, bias);
+        let PanelWeight::Bf16 { data, .. } = PanelWeight::from_bf16(w, n, k) else {
+            unreachable!()
+        };
+        let yp = run_on(par, x, m, k, Weights::Panels(&data), n, bias);
+        assert!(
+            y.iter().zip(&yp).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "panels differ from rows"
+        );
+        y
+    }
+
+    /// Every shape edge (1, 15, 33 rows; n not a multiple of 32; k not a multiple of 32) against
+    /// float64, within float32 summation error: the split loses nothing.
+    #[test]
+    fn emulated_tiles_match_float64_over_awkward_shapes() {
+        let mut seed = 7u64;
+        for &(m, k, n) in &[
+            (1, 32, 16),
+            (15, 63, 33),
+            (33, 65, 65),
+            (64, 96, 32),
+            (40, 200, 97),
+        ] {
+            let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+            let w: Vec<u16> = (0..n * k).map(|_| f32_to_bf16(lcg(&mut seed))).collect();
+            let bias: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+            for b in [None, Some(&bias[..])] {
+                for par in [&Serial as &dyn Parallel, &ScopedThreads(3)] {
+                    let y = run(par, &x, m, k, &w, n, b);
+                    let want = reference(&x, m, k, &w, n, b);
+                    for (i, (&g, &r)) in y.iter().zip(&want).enumerate() {
+                        // k float32 roundings of partial sums bounded by sum |x w| <= k.
+                        let tol = 2.0 * k as f64 * f32::EPSILON as f64;
+                        assert!(
+                            (g as f64 - r).abs() <= tol,
+                            "m{m} k{k} n{n} [{i}]: {g} vs {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// bf16 activations take one pass and give the float32 sums of the bf16 products; float32 ones
+    /// need all three pieces: dropping lo shows (the test of the split itself).
+    #[test]
+    fn split_is_exact_and_counts_pieces() {
+        let mut seed = 11u64;
+        let k = 64;
+        let x: Vec<f32> = (0..k).map(|_| lcg(&mut seed)).collect();
+        let (mut hi, mut mid, mut lo) = (vec![0; k], vec![0; k], vec![0; k]);
+        let (a, b) = split_row(&x, &mut hi, &mut mid, &mut lo);
+        assert!(a && b, "random float32 values need all three pieces");
+        for i in 0..k {
+            let sum = bf16_to_f32(hi[i]) + bf16_to_f32(mid[i]) + bf16_to_f32(lo[i]);
+            assert_eq!(sum.to_bits(), x[i].to_bits(), "{i}: {} != {}", sum, x[i]);
+        }
+        let xb: Vec<f32> = x.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect();
+        assert_eq!(split_row(&xb, &mut hi, &mut mid, &mut lo), (false, false));
+        let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0, 1e-40];
+        split_row(&specials, &mut hi[..5], &mut mid[..5], &mut lo[..5]);
+        assert_eq!(&hi[..2], &[0x7f80, 0xff80]);
+        assert!(bf16_to_f32(hi[2]).is_nan());
+        assert_eq!(hi[3], 0x8000);
+        assert_eq!((&mid[..3], &lo[..3]), (&[0u16; 3][..], &[0u16; 3][..]));
+    }
+
+    /// A GEMM with bf16 activations equals one with their float32 widening bit for bit (one pass
+    /// either way), and inf in x reaches y as inf.
+    #[test]
+    fn bf16_activations_and_infinities() {
+        let mut seed = 3u64;
+        let (m, k, n) = (40, 96, 48);
+        let mut x: Vec<f32> = (0..m * k)
+            .map(|_| bf16_to_f32(f32_to_bf16(lcg(&mut seed))))
+            .collect();
+        let w: Vec<u16> = (0..n * k)
+            .map(|_| f32_to_bf16(lcg(&mut seed).abs()))
+            .collect();
+        let y = run(&Serial, &x, m, k, &w, n, None);
+        let want = reference(&x, m, k, &w, n, None);
+        for (&g, &r) in y.iter().zip(&want) {
+            assert!((g as f64 - r).abs() <= 2.0 * k as f64 * f32::EPSILON as f64);
+        }
+        x[5 * k + 3] = f32::INFINITY;
+        let y = run(&Serial, &x, m, k, &w, n, None);
+        for j in 0..n {
+            // w >= 0 here: inf times a positive weight is inf, times zero NaN, as in float32.
+            let want = if w[j * k + 3] != 0 {
+                f32::INFINITY
+            } else {
+                f32::NAN
+            };
+            assert_eq!(y[5 * n + j].to_bits(), want.to_bits(), "column {j}");
+        }
+        assert!(y[6 * n..].iter().all(|v| v.is_finite()));
+    }
+}
