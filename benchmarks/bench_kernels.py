@@ -85,6 +85,9 @@ def bench_gemm(rounds: int) -> list[list[object]]:
             {
                 "kwker bf16": lambda: torch.ops.kwker.linear(x16, w16),
                 "kwker f32": lambda: torch.ops.kwker.linear(x32, w32),
+                # float32 activations, bf16 weights: the preserve decoder's prompt GEMM (on the amx
+                # tier: three exact bf16 pieces of x, against one for "kwker bf16")
+                "kwker f32·bf16": lambda: torch.ops.kwker.linear(x32, w16),
                 "torch bf16": lambda: F.linear(x16, w16),
                 "torch f32": lambda: F.linear(x32, w32),
             },
@@ -97,6 +100,7 @@ def bench_gemm(rounds: int) -> list[list[object]]:
                 f"{m}x{k}x{n}",
                 gf["kwker bf16"],
                 gf["kwker f32"],
+                gf["kwker f32·bf16"],
                 gf["torch bf16"],
                 gf["torch f32"],
                 t["torch bf16"] / t["kwker bf16"],
@@ -160,6 +164,7 @@ def main() -> None:
         "M x K x N",
         "kwker bf16 GFLOP/s",
         "kwker f32 GFLOP/s",
+        "kwker f32·bf16 GFLOP/s",
         "torch bf16 GFLOP/s",
         "torch f32 GFLOP/s",
         "vs torch bf16",
