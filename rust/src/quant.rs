@@ -34,6 +34,9 @@ mod avx2_rows;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+#[macro_use]
+mod avxvnni_rows;
+#[cfg(target_arch = "x86_64")]
 mod avxvnni;
 mod f16;
 mod fit;

@@ -456,7 +456,7 @@ fn a_group_equals_each_linear_alone_in_every_tier() {
 #[test]
 fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
     // The server's exactness: a sequence's row in an m-row step (tiles of 2, 3 or 4 rows; from 6 rows
-    // the AVX2 tier's unpacked-rows path for Q4K / Q6K, with 2-panel tiles and an odd last panel here:
+    // the AVX2 and AVX-VNNI tiers' unpacked-rows paths for Q4K / Q6K, with 2-panel tiles and an odd last panel here:
     // 3 panels, k = 576 ends in a short super-block) gives the bits it gives alone (a 1-row tile), in
     // every tier and format.
     let mut rng = Rng::new(29);
@@ -469,7 +469,8 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
                 let mut all = vec![0.0; m * n];
                 let before = avx2_rows_panels_run();
                 quant_linear(tier, &Serial, &x, m, &w, None, &mut all);
-                let rows_path = kernel_name(tier) == "avx2" && format.is_super() && m >= 6;
+                let rows_path =
+                    matches!(kernel_name(tier), "avx2" | "avxvnni") && format.is_super() && m >= 6;
                 assert_eq!(
                     avx2_rows_panels_run() - before,
                     if rows_path { 3 } else { 0 },
@@ -484,6 +485,29 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
                         &one[..],
                         "{} {format:?}: row {i} of {m}",
                         tier.name()
+                    );
+                }
+            }
+            // The AVX-VNNI tier's kernels (its own unpacked-rows path from 6 rows) over the exact
+            // emulation of vpdpbusd, on any AVX2 CPU.
+            if isa::Isa::Avx2.is_supported() {
+                let mut all = vec![0.0; m * n];
+                let before = avx2_rows_panels_run();
+                quant_linear_vnni_emulated(&Serial, &x, m, &w, None, &mut all);
+                let rows_path = format.is_super() && m >= 6;
+                assert_eq!(
+                    avx2_rows_panels_run() - before,
+                    if rows_path { 3 } else { 0 },
+                    "avxvnni (emulated) {format:?} m = {m}: panels through the unpacked-rows path"
+                );
+                for i in 0..m {
+                    let mut one = vec![0.0; n];
+                    let xi = &x[i * k..(i + 1) * k];
+                    quant_linear_vnni_emulated(&Serial, xi, 1, &w, None, &mut one);
+                    assert_eq!(
+                        &all[i * n..(i + 1) * n],
+                        &one[..],
+                        "avxvnni (emulated) {format:?}: row {i} of {m}"
                     );
                 }
             }

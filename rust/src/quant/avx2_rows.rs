@@ -8,6 +8,7 @@
 //! widening needs registers). Measured on a Zen 3 (one thread, in cache, `examples/quant_hot`): Q4K
 //! 1.2x and Q6K 1.35-1.4x the 2-row tiles from 16 rows, about even at 4 rows (hence `MIN_ROWS`). The
 //! next super-block is prefetched while the rows compute, for batched decode steps that stream weights.
+//! The driver (`drive`, `panels_with`) also runs the AVX-VNNI tier's tiles (`avxvnni_rows.rs`).
 //!
 //! Every function here is `unsafe` for the same reasons: the CPU must have AVX2, FMA and F16C, and `job`
 //! must satisfy `quant_linear`'s length contract (pointers into the weights, activations and scratch are
@@ -76,13 +77,16 @@ unsafe fn unpack(blk: *const u8, t: usize, u: *mut u8) {
 }
 
 #[inline(always)]
-unsafe fn bx(p: *const i8) -> __m256i {
+pub(super) unsafe fn bx(p: *const i8) -> __m256i {
     _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 
 /// Row i0's activations: k, sub-blocks per row, its int8 codes, and its per-32 scales and code sums.
 #[inline(always)]
-unsafe fn row_acts(job: &Job<'_>, i0: usize) -> (usize, usize, *const i8, *const f32, *const f32) {
+pub(super) unsafe fn row_acts(
+    job: &Job<'_>,
+    i0: usize,
+) -> (usize, usize, *const i8, *const f32, *const f32) {
     let (a, k) = (job.acts, job.w.k());
     let nsub = k / QSUB;
     let xq = a.q.as_ptr().add(i0 * k);
@@ -98,7 +102,7 @@ unsafe fn row_acts(job: &Job<'_>, i0: usize) -> (usize, usize, *const i8, *const
 /// M rows of y, Q vectors of 8 each (row stride 8 Q f32), from the scratch that carries them.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn load_y<const M: usize, const Q: usize>(yacc: *const f32) -> [[__m256; Q]; M] {
+pub(super) unsafe fn load_y<const M: usize, const Q: usize>(yacc: *const f32) -> [[__m256; Q]; M] {
     std::array::from_fn(|r| std::array::from_fn(|q| _mm256_loadu_ps(yacc.add(r * 8 * Q + 8 * q))))
 }
 
@@ -195,12 +199,12 @@ unsafe fn q4k_tile<const P: usize>(
 
 /// What a format's path is made of: its unpacked super-block's size, the unpacking, and the row tiles
 /// (`tile(job, u, t, sb0, i0, yacc)` takes rows i0.. and returns how many it did).
-struct Path {
-    super_bytes: usize,
+pub(super) struct Path {
+    pub super_bytes: usize,
     /// Bytes of a full packed super-block (what is prefetched).
-    super_packed: usize,
-    unpack: unsafe fn(*const u8, usize, *mut u8),
-    tile: unsafe fn(&Job<'_>, *const u8, usize, usize, usize, *mut f32) -> usize,
+    pub super_packed: usize,
+    pub unpack: unsafe fn(*const u8, usize, *mut u8),
+    pub tile: unsafe fn(&Job<'_>, *const u8, usize, usize, usize, *mut f32) -> usize,
 }
 
 /// Panels p0..p0+P for all of the job's rows, super-block by super-block: each panel's unpacked once,
@@ -257,18 +261,6 @@ unsafe fn drive<const P: usize>(job: &Job<'_>, p0: usize, path: &Path) {
 /// The CPU supports AVX2, FMA and F16C; `job` satisfies `quant_linear`'s contract with a Q4K or Q6K
 /// matrix; no other thread writes these panels' columns.
 pub(super) unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
-    if job.w.format == Format::Q6K {
-        let path = Path {
-            super_bytes: Q6_SUPER_BYTES,
-            super_packed: Format::Q6K.block_bytes(),
-            unpack: unpack_q6k,
-            tile: q6k_tile,
-        };
-        for p in panels {
-            drive::<1>(job, p, &path);
-        }
-        return;
-    }
     let one = Path {
         super_bytes: SUPER_BYTES,
         super_packed: Format::Q4K.block_bytes(),
@@ -279,24 +271,45 @@ pub(super) unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
         tile: q4k_tile::<2>,
         ..one
     };
+    let q6 = Path {
+        super_bytes: Q6_SUPER_BYTES,
+        super_packed: Format::Q6K.block_bytes(),
+        unpack: unpack_q6k,
+        tile: q6k_tile,
+    };
+    panels_with(job, panels, [&one, &two, &q6]);
+}
+
+/// `panels` over a tier's paths: `[Q4K one panel, Q4K two panels, Q6K]` (the AVX-VNNI tier's rows
+/// path runs its own tiles through the same driver).
+///
+/// # Safety
+/// As `panels`, and the CPU runs the paths' functions.
+pub(super) unsafe fn panels_with(job: &Job<'_>, panels: Range<usize>, [one, two, q6]: [&Path; 3]) {
+    if job.w.format == Format::Q6K {
+        for p in panels {
+            drive::<1>(job, p, q6);
+        }
+        return;
+    }
     let mut p = panels.start;
     while p + 2 <= panels.end {
-        drive::<2>(job, p, &two);
+        drive::<2>(job, p, two);
         p += 2;
     }
     if p < panels.end {
-        drive::<1>(job, p, &one);
+        drive::<1>(job, p, one);
     }
 }
 
 /// Bytes of one unpacked Q6K sub-block: `d * sc` as f32 (2 halves x 32 B), then per group of 8 k and
 /// half panel the two 4-k code vectors as whole bytes 0..=63 (4 x 2 x 64 B).
-const Q6_SUB_BYTES: usize = 64 + 4 * 2 * 64;
-const Q6_SUPER_BYTES: usize = SUBS * Q6_SUB_BYTES;
+pub(super) const Q6_SUB_BYTES: usize = 64 + 4 * 2 * 64;
+pub(super) const Q6_SUPER_BYTES: usize = SUBS * Q6_SUB_BYTES;
 
 /// Unpacks Q6K super-block `blk` of `t` sub-blocks into `u` (`Q6_SUPER_BYTES`, 32-byte aligned).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack_q6k(blk: *const u8, t: usize, u: *mut u8) {
+pub(super) unsafe fn unpack_q6k(blk: *const u8, t: usize, u: *mut u8) {
     let f = Format::Q6K;
     let dv = f16x16(blk);
     for s in 0..t {

@@ -9,6 +9,8 @@
 //! stand-in (two `vpmaddwd` on the even and odd bytes), so the layout and epilogue logic is tested
 //! against the scalar reference on any AVX2 machine, and the instruction itself where it exists.
 //!
+//! From `avx2_rows::MIN_ROWS` rows, Q4K and Q6K take the unpacked-rows path (`avxvnni_rows.rs`).
+//!
 //! Numerical contract: the AVX-512 tier's, block for block (exact i32 sums; Q8 reads the coarse and
 //! residual activation codes and takes the weights' + 128 off with `128 * s_fine`; each block's
 //! contribution is added with fused multiply-adds: `d * t + y`; Q4 `d * dot + m * sum(q)`; Q4K
@@ -270,6 +272,9 @@ macro_rules! vnni_kernels {
         /// writes the columns of `panels`.
         pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
             let sup = job.w.format.is_super();
+            if sup && job.m >= crate::quant::avx2_rows::MIN_ROWS {
+                return rows::panels(job, panels);
+            }
             for p in panels {
                 let mut i0 = 0;
                 while i0 < job.m {
@@ -290,10 +295,12 @@ macro_rules! vnni_kernels {
 /// The tier itself: `vpdpbusd` (VEX, 256-bit).
 pub mod real {
     vnni_kernels!("avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
+    vnni_rows!("avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
 }
 
 /// The same kernels over `dpbusd_emulated` (AVX2 only): what tests run where the CPU lacks AVX-VNNI.
 pub mod emulated {
     use super::dpbusd_emulated;
     vnni_kernels!("avx2,fma,f16c", dpbusd_emulated);
+    vnni_rows!("avx2,fma,f16c", crate::quant::avxvnni::dpbusd_emulated);
 }
