@@ -25,7 +25,8 @@ import torch
 import torch.fx as fx
 
 from . import _native
-from .planner import Desc, Dyn, Planner, TorchStep, Unsupported, esize, pack_arena
+from .arena import pack_arena
+from .planner import Desc, Dyn, Planner, TorchStep, Unsupported, esize
 
 log = logging.getLogger("kwker_torch")
 
