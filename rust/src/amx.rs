@@ -42,7 +42,7 @@ pub fn usable() -> bool {
 fn detect() -> bool {
     use std::arch::x86_64::__cpuid_count;
     let max_leaf = __cpuid_count(0, 0).eax;
-    if max_leaf < 0x1d {
+    if max_leaf < 0x1e {
         return false;
     }
     let l7 = __cpuid_count(7, 0);
@@ -51,7 +51,12 @@ fn detect() -> bool {
     if !(amx_bf16 && amx_tile && osxsave) {
         return false;
     }
-    // Palette 1 must be the 8 x (16 rows x 64 bytes) the kernels configure.
+    // Palette 1 must exist and be the 8 x (16 rows x 64 bytes) the kernels configure, and the
+    // multiplier must take 16 rows of 64 bytes (leaf 0x1e: tmul_maxk, tmul_maxn).
+    let tmul = __cpuid_count(0x1e, 0).ebx;
+    if __cpuid_count(0x1d, 0).eax < 1 || (tmul & 0xff) < ROWS as u32 || (tmul >> 8 & 0xffff) < 64 {
+        return false;
+    }
     let palette = __cpuid_count(0x1d, 1);
     let (bytes_per_row, names, max_rows) = (
         palette.ebx & 0xffff,
@@ -79,6 +84,14 @@ fn detect() -> bool {
     unsafe {
         std::arch::asm!("syscall", inlateout("rax") 158i64 => ret, in("rdi") 0x1023i64,
             in("rsi") 18i64, lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    if ret != 0 {
+        // Said once (detection is cached): e.g. ENOSPC when a thread's alternate signal stack is
+        // too small for the tile state (old CPython faulthandler builds).
+        eprintln!(
+            "kwker: this CPU has AMX but Linux refused its tile state to this process (arch_prctl              error {}); the amx tier is off, AVX-512 runs instead",
+            -ret
+        );
     }
     ret == 0
 }

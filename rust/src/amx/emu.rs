@@ -75,10 +75,14 @@ impl Tiles for Emu {
                 for n in 0..ROW_BYTES / 4 {
                     let mut acc = self.f32_at(c, m, n);
                     for pair in 0..ROW_BYTES / 4 {
-                        let even = self.bf16_at(a, m, 2 * pair) * self.bf16_at(b, pair, 2 * n);
-                        let odd =
-                            self.bf16_at(a, m, 2 * pair + 1) * self.bf16_at(b, pair, 2 * n + 1);
-                        acc = ftz(ftz(acc + even) + odd);
+                        // Fused, as the SDM writes it (bf16 products are exact in float32 but for
+                        // underflow and overflow, where the fused form is the one that counts).
+                        let (ae, be) = (self.bf16_at(a, m, 2 * pair), self.bf16_at(b, pair, 2 * n));
+                        let (ao, bo) = (
+                            self.bf16_at(a, m, 2 * pair + 1),
+                            self.bf16_at(b, pair, 2 * n + 1),
+                        );
+                        acc = ftz(ao.mul_add(bo, ftz(ae.mul_add(be, acc))));
                     }
                     let o = m * ROW_BYTES + 4 * n;
                     self.tiles[c][o..o + 4].copy_from_slice(&acc.to_le_bytes());
