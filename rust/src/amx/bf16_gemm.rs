@@ -23,7 +23,6 @@
 //! itself, and a product or sum below 2^-126 becomes zero.
 //! Infinities and NaN in x stay in hi (mid = lo = 0), so they reach y as float32 would carry them.
 
-use std::cell::Cell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -50,29 +49,6 @@ struct Split {
     m_pad: usize,
     kp: usize,
     ld: usize,
-}
-
-thread_local! {
-    /// The calling thread's split buffer, reused across calls (the tasks' own scratch is separate,
-    /// so a task run on the calling thread does not allocate).
-    static SPLIT: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
-}
-
-/// Split buffers larger than this (in u16s: 64 MB) are released after the call.
-const KEEP_SPLIT: usize = 32 << 20;
-
-/// Calls `f` with a 64-byte-aligned buffer of `len` u16s (stale contents) from `SPLIT`.
-fn with_split<R>(len: usize, f: impl FnOnce(&mut [u16]) -> R) -> R {
-    let mut buf = SPLIT.with(Cell::take);
-    if buf.len() < len + 32 {
-        buf = vec![0; len + 32];
-    }
-    let off = buf.as_ptr().align_offset(64).min(32);
-    let result = f(&mut buf[off..off + len]);
-    if buf.len() <= KEEP_SPLIT {
-        SPLIT.with(|c| c.set(buf));
-    }
-    result
 }
 
 /// Cuts x into hi + mid + lo (see the module header). Returns whether mid and lo had a non-zero.
@@ -320,8 +296,9 @@ pub(crate) unsafe fn gemm<T: Tiles>(
         par.num_threads()
             .clamp(1, (work / MIN_MACS_PER_TASK).max(1))
     };
-    with_split(3 * m_pad * ld, |buf| {
-        let out = SyncPtr(buf.as_mut_ptr());
+    with_scratch((3 * m_pad * ld).div_ceil(2), |buf| {
+        // The f32 scratch holds 3 * m_pad * ld u16s, 64-byte aligned.
+        let out = SyncPtr(buf.as_mut_ptr().cast::<u16>());
         let (any_mid, any_lo) = (AtomicBool::new(false), AtomicBool::new(false));
         let chunks = chunk_ranges(m_pad, want(m_pad * kp * 16), MB);
         run_tasks(par, chunks.len(), &|i| {

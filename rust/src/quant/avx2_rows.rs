@@ -197,14 +197,28 @@ unsafe fn q4k_tile<const P: usize>(
     }
 }
 
-/// What a format's path is made of: its unpacked super-block's size, the unpacking, and the row tiles
-/// (`tile(job, u, t, sb0, i0, yacc)` takes rows i0.. and returns how many it did).
-pub(super) struct Path {
-    pub super_bytes: usize,
+/// Unpacks a super-block (`blk`, its sub-block count, the 32-byte aligned destination).
+pub(super) type UnpackFn = unsafe fn(*const u8, usize, *mut u8);
+/// A row tile: `tile(job, u, t, sb0, i0, yacc)` takes rows i0.. and returns how many it did.
+pub(super) type TileFn = unsafe fn(&Job<'_>, *const u8, usize, usize, usize, *mut f32) -> usize;
+
+/// What a format's path is made of: its unpacked super-block's size, the unpacking, and the row tiles.
+struct Path {
+    super_bytes: usize,
     /// Bytes of a full packed super-block (what is prefetched).
-    pub super_packed: usize,
-    pub unpack: unsafe fn(*const u8, usize, *mut u8),
-    pub tile: unsafe fn(&Job<'_>, *const u8, usize, usize, usize, *mut f32) -> usize,
+    super_packed: usize,
+    unpack: UnpackFn,
+    tile: TileFn,
+}
+
+/// A tier's part of this path: its Q4K unpacking (and unpacked size) and its row tiles; Q6K is
+/// unpacked by `unpack_q6k` for every tier.
+pub(super) struct RowTiles {
+    pub q4k_super_bytes: usize,
+    pub unpack_q4k: UnpackFn,
+    pub q4k_one_panel: TileFn,
+    pub q4k_two_panels: TileFn,
+    pub q6k: TileFn,
 }
 
 /// Panels p0..p0+P for all of the job's rows, super-block by super-block: each panel's unpacked once,
@@ -261,55 +275,62 @@ unsafe fn drive<const P: usize>(job: &Job<'_>, p0: usize, path: &Path) {
 /// The CPU supports AVX2, FMA and F16C; `job` satisfies `quant_linear`'s contract with a Q4K or Q6K
 /// matrix; no other thread writes these panels' columns.
 pub(super) unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
-    let one = Path {
-        super_bytes: SUPER_BYTES,
-        super_packed: Format::Q4K.block_bytes(),
-        unpack,
-        tile: q4k_tile::<1>,
+    let tiles = RowTiles {
+        q4k_super_bytes: SUPER_BYTES,
+        unpack_q4k: unpack,
+        q4k_one_panel: q4k_tile::<1>,
+        q4k_two_panels: q4k_tile::<2>,
+        q6k: q6k_tile,
     };
-    let two = Path {
-        tile: q4k_tile::<2>,
-        ..one
-    };
-    let q6 = Path {
-        super_bytes: Q6_SUPER_BYTES,
-        super_packed: Format::Q6K.block_bytes(),
-        unpack: unpack_q6k,
-        tile: q6k_tile,
-    };
-    panels_with(job, panels, [&one, &two, &q6]);
+    panels_with(job, panels, &tiles);
 }
 
-/// `panels` over a tier's paths: `[Q4K one panel, Q4K two panels, Q6K]` (the AVX-VNNI tier's rows
-/// path runs its own tiles through the same driver).
+/// `panels` over a tier's unpacking and tiles (the AVX-VNNI tier's rows path runs its own through
+/// the same driver).
 ///
 /// # Safety
-/// As `panels`, and the CPU runs the paths' functions.
-pub(super) unsafe fn panels_with(job: &Job<'_>, panels: Range<usize>, [one, two, q6]: [&Path; 3]) {
+/// As `panels`, and the CPU runs `tiles`' functions.
+pub(super) unsafe fn panels_with(job: &Job<'_>, panels: Range<usize>, tiles: &RowTiles) {
     if job.w.format == Format::Q6K {
+        let q6 = Path {
+            super_bytes: Q6_SUPER_BYTES,
+            super_packed: Format::Q6K.block_bytes(),
+            unpack: unpack_q6k,
+            tile: tiles.q6k,
+        };
         for p in panels {
-            drive::<1>(job, p, q6);
+            drive::<1>(job, p, &q6);
         }
         return;
     }
+    let one = Path {
+        super_bytes: tiles.q4k_super_bytes,
+        super_packed: Format::Q4K.block_bytes(),
+        unpack: tiles.unpack_q4k,
+        tile: tiles.q4k_one_panel,
+    };
+    let two = Path {
+        tile: tiles.q4k_two_panels,
+        ..one
+    };
     let mut p = panels.start;
     while p + 2 <= panels.end {
-        drive::<2>(job, p, two);
+        drive::<2>(job, p, &two);
         p += 2;
     }
     if p < panels.end {
-        drive::<1>(job, p, one);
+        drive::<1>(job, p, &one);
     }
 }
 
 /// Bytes of one unpacked Q6K sub-block: `d * sc` as f32 (2 halves x 32 B), then per group of 8 k and
 /// half panel the two 4-k code vectors as whole bytes 0..=63 (4 x 2 x 64 B).
 pub(super) const Q6_SUB_BYTES: usize = 64 + 4 * 2 * 64;
-pub(super) const Q6_SUPER_BYTES: usize = SUBS * Q6_SUB_BYTES;
+const Q6_SUPER_BYTES: usize = SUBS * Q6_SUB_BYTES;
 
 /// Unpacks Q6K super-block `blk` of `t` sub-blocks into `u` (`Q6_SUPER_BYTES`, 32-byte aligned).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn unpack_q6k(blk: *const u8, t: usize, u: *mut u8) {
+unsafe fn unpack_q6k(blk: *const u8, t: usize, u: *mut u8) {
     let f = Format::Q6K;
     let dv = f16x16(blk);
     for s in 0..t {

@@ -13,7 +13,7 @@
 //! dx)`, per sub-block), y carried across super-blocks through memory (exact), so a row's result is
 //! the one it gets alone (the server's exactness).
 
-/// Stamps `rows::{panels, Q4K_SUPER_BYTES}` for one `vpdpbusd` (`$dp`) under `$features`.
+/// Stamps `rows::panels` for one `vpdpbusd` (`$dp`) under `$features`.
 macro_rules! vnni_rows {
     ($features:literal, $dp:path) => {
         pub mod rows {
@@ -22,7 +22,7 @@ macro_rules! vnni_rows {
 
             use crate::quant::avx2::{bytes_f32, f16x16, q4_codes, q4k_scale_bytes};
             use crate::quant::avx2_rows::{
-                bx, load_y, panels_with, row_acts, unpack_q6k, Path, Q6_SUB_BYTES, Q6_SUPER_BYTES,
+                bx, load_y, panels_with, row_acts, RowTiles, Q6_SUB_BYTES,
             };
             use crate::quant::kblock::{Layout, SUBS};
             use crate::quant::{Format, Job, QPANEL, QSUB};
@@ -30,7 +30,7 @@ macro_rules! vnni_rows {
             /// Bytes of one unpacked Q4K sub-block: `d * sc` and `dmin * mc` (f32, 2 halves x 32 B
             /// each), then per group of 8 k, half panel and nibble the codes as bytes (4 x 2 x 2 x 32 B).
             const SUB_BYTES: usize = 128 + 4 * 2 * 64;
-            pub const Q4K_SUPER_BYTES: usize = SUBS * SUB_BYTES;
+            const Q4K_SUPER_BYTES: usize = SUBS * SUB_BYTES;
 
             /// Unpacks Q4K super-block `blk` of `t` sub-blocks into `u` (32-byte aligned).
             #[target_feature(enable = $features)]
@@ -211,23 +211,14 @@ macro_rules! vnni_rows {
             /// The CPU has `$features`; `job` satisfies `quant_linear`'s contract with a Q4K or Q6K
             /// matrix; no other thread writes these panels' columns.
             pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
-                let one = Path {
-                    super_bytes: Q4K_SUPER_BYTES,
-                    super_packed: Format::Q4K.block_bytes(),
-                    unpack: unpack_q4k,
-                    tile: q4k_tile::<1>,
+                let tiles = RowTiles {
+                    q4k_super_bytes: Q4K_SUPER_BYTES,
+                    unpack_q4k,
+                    q4k_one_panel: q4k_tile::<1>,
+                    q4k_two_panels: q4k_tile::<2>,
+                    q6k: q6k_tile,
                 };
-                let two = Path {
-                    tile: q4k_tile::<2>,
-                    ..one
-                };
-                let q6 = Path {
-                    super_bytes: Q6_SUPER_BYTES,
-                    super_packed: Format::Q6K.block_bytes(),
-                    unpack: unpack_q6k,
-                    tile: q6k_tile,
-                };
-                panels_with(job, panels, [&one, &two, &q6]);
+                panels_with(job, panels, &tiles);
             }
         }
     };
