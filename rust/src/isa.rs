@@ -24,7 +24,7 @@ pub enum Isa {
     Avx512,
     /// AVX-512 and AMX tiles (AMX-TILE, AMX-BF16, the OS's tile state granted to the process:
     /// Intel Sapphire Rapids and later): the AVX-512 kernels, but bf16 linears of many rows
-    /// run on `tdpbf16ps` tiles (`linear::amx`).
+    /// run on `tdpbf16ps` tiles (`amx::bf16_gemm`).
     Amx,
 }
 

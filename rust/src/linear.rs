@@ -125,16 +125,6 @@ pub fn linear(
         return;
     }
 
-    let t = Tier::of(isa);
-    let problem = Problem {
-        x,
-        m,
-        k,
-        w,
-        n,
-        bias,
-        y: SyncPtr(y.as_mut_ptr()),
-    };
     #[cfg(target_arch = "x86_64")]
     if let (Isa::Amx, Weight::Bf16(wb)) = (isa, w) {
         if m >= bf16_gemm::MIN_M {
@@ -145,7 +135,7 @@ pub fn linear(
                 w: bf16_gemm::Weights::RowMajor(wb),
                 n,
                 bias,
-                y: problem.y,
+                y: SyncPtr(y.as_mut_ptr()),
             };
             // SAFETY: the Amx tier is supported (asserted above): AVX-512 and usable AMX tiles;
             // lengths were checked against m, k, n, all non-zero here; y is ours alone.
@@ -153,6 +143,16 @@ pub fn linear(
             return;
         }
     }
+    let t = Tier::of(isa);
+    let problem = Problem {
+        x,
+        m,
+        k,
+        w,
+        n,
+        bias,
+        y: SyncPtr(y.as_mut_ptr()),
+    };
     let fmas = mn.saturating_mul(k);
     let want = par
         .num_threads()
