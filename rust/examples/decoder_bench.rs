@@ -2,7 +2,7 @@
 //! prompt step on the decoder's own pool, next to the same GEMVs run alone and a plain read-bandwidth
 //! loop, so the gap between "the step" and "the weights it reads" can be split into its parts.
 //!
-//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads] [bf16|q8|q4|q4k] [steps]`
+//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads] [bf16|q8|q4|q4k] [steps [prompt]]`
 //! (q8/q4/q4k: every layer matrix quantized, the tied embedding/lm_head as q8, or q6k beside q4k as int4 stores it).
 //! Rates are bytes of weights per second (the memory-bound quantity) and tokens per second.
 
@@ -297,7 +297,9 @@ fn main() {
     let vocab = s.vocab;
     let prompt: Vec<u32> = (0..64).map(|i| (i * 7 + 3) as u32 % vocab as u32).collect();
     let mut logits = vec![0.0f32; 8 * vocab];
-    for bsz in [1usize, 8] {
+    // `prompt` (after `steps`): only prompt steps, 20 of them (a profile of the prompt alone).
+    let only_prompt = args.get(5).map(String::as_str) == Some("prompt");
+    for bsz in [1usize, 8].into_iter().filter(|_| !only_prompt) {
         for slot in 0..bsz {
             dec.truncate(slot, 0).unwrap();
             let one = [SeqStep {
@@ -335,7 +337,7 @@ fn main() {
         .map(|i| (i * 13 + 5) as u32 % vocab as u32)
         .collect();
     let mut ts = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..if only_prompt { 20 } else { 3 } {
         dec.truncate(0, 0).unwrap();
         let one = [SeqStep {
             slot: 0,
@@ -354,7 +356,11 @@ fn main() {
         let mut acts = kwker_kernels::quant::QActs::default();
         let t = Instant::now();
         for _ in 0..10 {
-            kwker_kernels::quant::quantize_activations(isa, &x, &mut acts);
+            if format.is_some_and(|f| f.is_super()) {
+                kwker_kernels::quant::quantize_super_activations(isa, &x, s.inter, &mut acts);
+            } else {
+                kwker_kernels::quant::quantize_activations(isa, &x, &mut acts);
+            }
         }
         let per = t.elapsed().as_secs_f64() / 10.0;
         println!(

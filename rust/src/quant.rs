@@ -11,31 +11,29 @@
 //! quantizers produce and the tests dequantize; `QuantWeight` is the same numbers packed into panels
 //! of 16 output rows for the kernels (layout in `pack`).
 //!
-//! Numerical contract of `quant_linear`: each x row is cut into blocks of 32 and quantized
+//! Numerical contract of `quant_linear`, Q8 and Q4: each x row is cut into blocks of 32 and quantized
 //! (`quantize_block`, bit-identical in every tier): Q4 matrices read x as int8 codes, x ~ dx * q with
 //! dx = max|x| / 127 (as llama.cpp's q8 activations); Q8 matrices read it with a second int8 code for
 //! the residual, x ~ dx' * (254 q + q2), dx' = dx / 254, error at most dx' / 2 (about 15 bits: the
 //! int8 rounding of activations with outlier channels cost more perplexity than the 8-bit weights).
 //! Within a 32-block the dot product of codes is an exact i32 sum; the block then contributes
-//! `d * (dot * dx')` (Q8), `(d * dot + m * sum(q)) * dx` (Q4), `(ds * dot - dm * sum(q)) * dx` (Q4K,
-//! ds = d * sc and dm = dmin * mc exact) or `ds * ((dot - 32 sum(q)) * dx)` (Q6K, dot over the
-//! unsigned codes) to an f32 accumulator, in k order;
-//! the bias last. Tiers differ from the scalar reference only in fused multiply-add rounding (and the
-//! AVX2 tier's Q4K in the order of the same terms, see `avx2`), so the result is a float linear of the
-//! dequantized weights and the rounded activations, up to f32 rounding.
+//! `d * (dot * dx')` (Q8) or `(d * dot + m * sum(q)) * dx` (Q4) to an f32 accumulator, in k order; the
+//! bias last. Tiers differ from the scalar reference only in fused multiply-add rounding, so the result is
+//! a float linear of the dequantized weights and the rounded activations, up to f32 rounding.
+//!
+//! Q4K and Q6K read x quantized per 256 values (`quantize_super`, as llama.cpp's Q8_K) and sum a whole
+//! super-block in integers: `superblock.rs` states their contract, under which every tier, tile and
+//! thread split gives the scalar tier's bits.
 
 mod acts;
 mod generic;
+#[macro_use]
+mod superblock;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod avx2_rows;
-#[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(target_arch = "x86_64")]
-#[macro_use]
-mod avxvnni_rows;
 #[cfg(target_arch = "x86_64")]
 mod avxvnni;
 mod f16;
@@ -46,9 +44,9 @@ pub mod kblock;
 use std::cell::RefCell;
 use std::ops::Range;
 
-pub use acts::quantize_activations;
 use acts::quantize_par;
 pub(crate) use acts::ActsOut;
+pub use acts::{quantize_activations, quantize_super, quantize_super_activations};
 pub use f16::{f16_to_f32, f32_to_f16};
 pub use fit::{quantize, QuantOptions};
 
@@ -427,6 +425,11 @@ impl QuantWeight {
 /// - `fine`: 254 * q + q2 as one i16 per value (|.| <= 32385), written by the AVX2 tier only (its Q8
 ///   kernel multiplies i16 pairs with `vpmaddwd`, one product per weight instead of two), empty
 ///   otherwise.
+///
+/// The super-block formats (Q4K, Q6K) read x quantized per 256 values instead (`quantize_super`, as
+/// llama.cpp's Q8_K): int8 codes in `q`, per row and super-block (`k.div_ceil(256)` per row, the last
+/// one shorter when k is not a multiple of 256) the scale in `sd` and the sums of its eight 32-value
+/// sub-blocks' codes in `bsums` (8 per super-block, zero past the row's end).
 #[derive(Default)]
 pub struct QActs {
     pub q: Vec<i8>,
@@ -436,6 +439,8 @@ pub struct QActs {
     pub d_fine: Vec<f32>,
     pub s_fine: Vec<i32>,
     pub fine: Vec<i16>,
+    pub sd: Vec<f32>,
+    pub bsums: Vec<i16>,
 }
 
 /// One 32-block's scales and sums (see `QActs`).
@@ -508,38 +513,93 @@ pub(crate) struct Job<'a> {
 type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
 type QuantizeFn = unsafe fn(&[f32], ActsOut);
 
+/// A tier's kernels: Q8 and Q4 (`panels`, over activations from `quantize`, which also writes
+/// `QActs::fine` where `fine`), and the super-block formats' (`sup`).
+struct Tier {
+    panels: PanelFn,
+    quantize: QuantizeFn,
+    name: &'static str,
+    fine: bool,
+    sup: &'static superblock::Kernels,
+}
+
+impl Tier {
+    /// Panels a task's range should be a multiple of: the super-block path's unpacked group, so that no
+    /// task ends in a group cut short (its tiles are widest on whole groups).
+    fn panel_align(&self, w: &QuantWeight, m: usize) -> usize {
+        if w.format.is_super() && m >= self.sup.min_rows {
+            self.sup.panels
+        } else {
+            1
+        }
+    }
+
+    /// Runs the job's panels `panels` with the kernels of its matrix's format.
+    ///
+    /// # Safety
+    /// The CPU runs the tier; `job` satisfies `quant_linear`'s contract with activations quantized for
+    /// its format by this tier; no other thread writes these panels' columns.
+    unsafe fn run(&self, job: &Job<'_>, panels: Range<usize>) {
+        if job.w.format.is_super() {
+            superblock::run(self.sup, job, panels)
+        } else {
+            (self.panels)(job, panels)
+        }
+    }
+}
+
 /// The kernels for `isa`: AVX-512 with VNNI (`vpdpbusd`), else AVX-VNNI (256-bit `vpdpbusd`), else
-/// AVX2 (`vpmaddubsw`; it also serves AVX-512 CPUs without VNNI), else scalar; and whether the
-/// quantizer writes `QActs::fine`.
-fn tier(isa: Isa) -> (PanelFn, QuantizeFn, &'static str, bool) {
+/// AVX2 (`vpmaddubsw`; it also serves AVX-512 CPUs without VNNI), else scalar.
+fn tier(isa: Isa) -> Tier {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 && avx512::usable() {
-            return (avx512::panels, avx512::quantize_rows, "avx512vnni", false);
+            return Tier {
+                panels: avx512::panels,
+                quantize: avx512::quantize_rows,
+                name: "avx512vnni",
+                fine: false,
+                sup: &superblock::avx512::KERNELS,
+            };
         }
         if isa >= Isa::AvxVnni && avxvnni::usable() {
-            return (avxvnni::real::panels, avx2::quantize_rows, "avxvnni", true);
+            return Tier {
+                panels: avxvnni::real::panels,
+                quantize: avx2::quantize_rows,
+                name: "avxvnni",
+                fine: true,
+                sup: &avxvnni::real::sup::KERNELS,
+            };
         }
         if isa >= Isa::Avx2 && avx2::usable() {
-            return (avx2::panels, avx2::quantize_rows, "avx2", true);
+            return Tier {
+                panels: avx2::panels,
+                quantize: avx2::quantize_rows,
+                name: "avx2",
+                fine: true,
+                sup: &superblock::avx2::KERNELS,
+            };
         }
     }
     let _ = isa;
-    (generic::panels, generic::quantize_rows, "generic", false)
+    Tier {
+        panels: generic::panels,
+        quantize: generic::quantize_rows,
+        name: "generic",
+        fine: false,
+        sup: &superblock::generic::KERNELS,
+    }
 }
 
-/// Panels the calling thread has run through the AVX2 tier's many-rows path for Q4K and Q6K (each
-/// panel's super-blocks unpacked once for all rows; `quant/avx2_rows.rs`): how tests prove it ran.
-pub fn avx2_rows_panels_run() -> usize {
-    #[cfg(target_arch = "x86_64")]
-    return avx2_rows::panels_run();
-    #[cfg(not(target_arch = "x86_64"))]
-    0
+/// Panels the calling thread has run with unpacked codes through the super-block formats' many-rows path
+/// (`quant/superblock.rs`; each panel's super-blocks unpacked once for all rows): how tests prove it ran.
+pub fn super_unpacked_panels_run() -> usize {
+    superblock::unpacked_panels_run()
 }
 
 /// The kernel family `quant_linear` runs for a tier on this CPU (for tests and logs).
 pub fn kernel_name(isa: Isa) -> &'static str {
-    tier(isa).2
+    tier(isa).name
 }
 
 thread_local! {
@@ -584,7 +644,7 @@ pub fn quant_linear(
     if m == 0 || n == 0 {
         return;
     }
-    linear_with(isa, tier(isa).0, par, x, m, w, bias, y);
+    linear_with(isa, &tier(isa), par, x, m, w, bias, y);
 }
 
 /// The AVX-VNNI tier's kernels over an exact AVX2 emulation of `vpdpbusd`: how its logic is tested
@@ -608,16 +668,21 @@ pub fn quant_linear_vnni_emulated(
         let (n, k) = (w.n, w.k);
         assert!(x.len() == m * k && y.len() == m * n && bias.is_none_or(|b| b.len() == n));
         if m > 0 && n > 0 {
-            linear_with(Isa::Avx2, avxvnni::emulated::panels, par, x, m, w, bias, y);
+            let emulated = Tier {
+                panels: avxvnni::emulated::panels,
+                sup: &avxvnni::emulated::sup::KERNELS,
+                ..tier(Isa::Avx2)
+            };
+            linear_with(Isa::Avx2, &emulated, par, x, m, w, bias, y);
         }
     }
 }
 
-/// `quant_linear` after its checks: x quantized by `isa`'s tier, then `panel_fn` over the panels.
+/// `quant_linear` after its checks: x quantized by `isa`'s tier, then `kernels` over the panels.
 #[allow(clippy::too_many_arguments)]
 fn linear_with(
     isa: Isa,
-    panel_fn: PanelFn,
+    kernels: &Tier,
     par: &dyn Parallel,
     x: &[f32],
     m: usize,
@@ -628,7 +693,7 @@ fn linear_with(
     let (n, k) = (w.n, w.k);
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
-        quantize_par(isa, par, x, k, &mut acts);
+        quantize_par(isa, par, x, k, w.format, &mut acts);
         let job = Job {
             acts: &acts,
             m,
@@ -640,11 +705,11 @@ fn linear_with(
         let want = par
             .num_threads()
             .clamp(1, (m * n * k / MIN_MACS_PER_TASK).max(1));
-        let chunks = chunk_ranges(panels, want, 1);
+        let chunks = chunk_ranges(panels, want, kernels.panel_align(w, m));
         let task = |i: usize| {
-            // SAFETY: supported tier; chunks are disjoint panel ranges, so each task writes its own
-            // columns of y; every length was checked above.
-            unsafe { panel_fn(&job, chunks[i].clone()) }
+            // SAFETY: supported tier, activations quantized for the format by it; chunks are disjoint
+            // panel ranges, so each task writes its own columns of y; every length was checked above.
+            unsafe { kernels.run(&job, chunks[i].clone()) }
         };
         run_tasks(par, chunks.len(), &task);
     });
@@ -684,7 +749,7 @@ pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'
             it.m
         );
     }
-    let panel_fn = tier(isa).0;
+    let kernels = tier(isa);
     GROUP_ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
         if acts.len() < items.len() {
@@ -692,7 +757,11 @@ pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'
         }
         for (it, a) in items.iter().zip(acts.iter_mut()) {
             if it.m > 0 {
-                quantize_activations(isa, it.x, a);
+                if it.w.format.is_super() {
+                    quantize_super_activations(isa, it.x, it.w.k, a);
+                } else {
+                    quantize_activations(isa, it.x, a);
+                }
             }
         }
         let jobs: Vec<Job<'_>> = items
@@ -716,7 +785,8 @@ pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'
             let want = par
                 .num_threads()
                 .clamp(1, (job.m * n * k / MIN_MACS_PER_TASK).max(1));
-            for r in chunk_ranges(n.div_ceil(QPANEL), want, 1) {
+            let align = kernels.panel_align(job.w, job.m);
+            for r in chunk_ranges(n.div_ceil(QPANEL), want, align) {
                 tasks.push((j, r));
             }
         }
@@ -725,7 +795,7 @@ pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'
             // SAFETY: supported tier; each job's chunks are disjoint panel ranges of its own y (the
             // items' outputs are distinct &mut slices), so no two tasks write the same element; every
             // length was checked above.
-            unsafe { panel_fn(&jobs[*j], r.clone()) }
+            unsafe { kernels.run(&jobs[*j], r.clone()) }
         };
         run_tasks(par, tasks.len(), &task);
     });
@@ -749,11 +819,18 @@ pub(crate) unsafe fn store(job: &Job<'_>, i: usize, p: usize, sums: &[f32; QPANE
                 *o = s + bj;
             }
         }
-        // A whole panel as one fixed-size copy (a call to memmove for 16 values cost more than it moved).
+        // A whole panel as one fixed-size copy (a call to memmove for 16 values cost more than it moved),
+        // element by element for a last partial panel: a variable-length copy here let LLVM merge both
+        // into one memcpy call (8 % of a 512-row Q4K call, `examples/quant_hot`).
         None if live == QPANEL => {
             let y: &mut [f32; QPANEL] = y.try_into().unwrap();
             *y = *sums;
         }
-        None => y.copy_from_slice(&sums[..live]),
+        None => {
+            for (o, &s) in y.iter_mut().zip(sums) {
+                // SAFETY: none needed; volatile-free plain stores, kept as a loop (not a memcpy call).
+                *o = std::hint::black_box(s);
+            }
+        }
     }
 }

@@ -11,9 +11,9 @@ use kwker_kernels::isa;
 use kwker_kernels::par::{Parallel, ScopedThreads, Serial};
 use kwker_kernels::pool::SpinPool;
 use kwker_kernels::quant::{
-    avx2_rows_panels_run, kernel_name, quant_linear, quant_linear_group,
-    quant_linear_vnni_emulated, quantize, quantize_activations, quantize_block, Format, GroupItem,
-    QActs, QuantOptions, QuantWeight, LO, QSUB,
+    kernel_name, quant_linear, quant_linear_group, quant_linear_vnni_emulated, quantize,
+    quantize_activations, quantize_block, quantize_super, quantize_super_activations,
+    super_unpacked_panels_run, Format, GroupItem, QActs, QuantOptions, QuantWeight, LO, QSUB,
 };
 
 fn opts(format: Format) -> QuantOptions<'static> {
@@ -29,8 +29,23 @@ fn reference(x: &[f32], m: usize, w: &QuantWeight, bias: Option<&[f32]>) -> (Vec
     let (n, k) = (w.n(), w.k());
     let wd = w.unpack().dequantize();
     let mut xd = vec![0.0f64; m * k];
+    if w.format.is_super() {
+        // Q4K and Q6K read x rounded per 256 values of each row (a row's last super-block may be shorter).
+        let mut q = [0i8; 256];
+        for (i, row) in x.chunks_exact(k).enumerate() {
+            for (b, xs) in row.chunks(256).enumerate() {
+                let d = quantize_super(xs, &mut q[..xs.len()], &mut [0; 8]);
+                for t in 0..xs.len() {
+                    xd[i * k + b * 256 + t] = q[t] as f64 * d as f64;
+                }
+            }
+        }
+    }
     let (mut q, mut q2) = ([0i8; QSUB], [0i8; QSUB]);
     for (b, xb) in x.chunks_exact(QSUB).enumerate() {
+        if w.format.is_super() {
+            break;
+        }
         let c = quantize_block(xb, &mut q, &mut q2);
         for t in 0..QSUB {
             // Q4 reads the coarse codes, Q8 the coarse and residual ones (module contract).
@@ -73,6 +88,27 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
             );
         }
     };
+    // The super-block formats' contract is exact integer sums and a fixed float epilogue: every tier,
+    // tile and split gives the scalar tier's bits.
+    let mut scalar = vec![f32::NAN; m * n];
+    quant_linear(
+        isa::Isa::Generic,
+        &Serial,
+        &x,
+        m,
+        &w,
+        b.as_deref(),
+        &mut scalar,
+    );
+    let same = |got: &[f32], what: &str| {
+        if format.is_super() {
+            assert_eq!(
+                got,
+                &scalar[..],
+                "{what} {format:?} m={m} n={n} k={k}: not the scalar bits"
+            );
+        }
+    };
     for threads in [1, 3] {
         let par: &dyn Parallel = if threads == 1 {
             &Serial
@@ -82,11 +118,9 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
         for tier in isa::supported() {
             let mut got = vec![f32::NAN; m * n];
             quant_linear(tier, par, &x, m, &w, b.as_deref(), &mut got);
-            check(
-                &got,
-                &format!("{} ({})", tier.name(), kernel_name(tier)),
-                threads,
-            );
+            let what = format!("{} ({})", tier.name(), kernel_name(tier));
+            check(&got, &what, threads);
+            same(&got, &what);
         }
         // The AVX-VNNI tier's kernels over an exact AVX2 emulation of vpdpbusd, wherever AVX2 is
         // (the instruction itself runs above as the avxvnni tier where the CPU has it).
@@ -94,6 +128,7 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
             let mut got = vec![f32::NAN; m * n];
             quant_linear_vnni_emulated(par, &x, m, &w, b.as_deref(), &mut got);
             check(&got, "avxvnni kernels (emulated vpdpbusd)", threads);
+            same(&got, "avxvnni kernels (emulated vpdpbusd)");
         }
     }
 }
@@ -116,17 +151,21 @@ fn every_tier_matches_the_reference_on_awkward_shapes() {
 #[test]
 fn super_block_formats_match_the_reference_in_every_tier() {
     // k around the 256-value super-block: only a tail (32, 96), whole (256, 512), whole plus a tail
-    // of 1, 2, 4 or 6 sub-blocks (288, 576, 896, 960).
+    // of 1, 2, 4 or 6 sub-blocks (288, 576, 896, 960); m around the packed tiles (1-8 rows) and the
+    // unpacked ones (from 6 rows: 6-row tiles over 2 panels, 3- and 4-row ones); n around the 2-panel
+    // groups (1, 2, 3, 5 panels).
     let mut rng = Rng::new(27);
     for format in [Format::Q4K, Format::Q6K] {
-        for &n in &[1, 15, 16, 17, 65] {
+        for &n in &[1, 15, 16, 17, 33, 65] {
             for &k in &[32, 96, 256, 288, 512, 576, 896, 960] {
-                for &m in &[1, 2, 3, 8, 9, 17] {
+                for &m in &[1, 2, 3, 5, 6, 7, 8, 9, 13, 17] {
                     case(format, m, n, k, n % 2 == 1, &mut rng);
                 }
             }
         }
         case(format, 70, 96, 1536, true, &mut rng);
+        // More rows than one row block of the many-rows path holds at this k (96 at k = 4096).
+        case(format, 101, 40, 4096, false, &mut rng);
     }
 }
 
@@ -455,8 +494,8 @@ fn a_group_equals_each_linear_alone_in_every_tier() {
 
 #[test]
 fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
-    // The server's exactness: a sequence's row in an m-row step (tiles of 2, 3 or 4 rows; from 6 rows
-    // the AVX2 and AVX-VNNI tiers' unpacked-rows paths for Q4K / Q6K, with 2-panel tiles and an odd last panel here:
+    // The server's exactness: a sequence's row in an m-row step (tiles of 2, 3, 4, 6 or 8 rows; from 6
+    // rows the super-block formats' unpacked-codes path, with 2-panel groups and an odd last panel here:
     // 3 panels, k = 576 ends in a short super-block) gives the bits it gives alone (a 1-row tile), in
     // every tier and format.
     let mut rng = Rng::new(29);
@@ -465,16 +504,15 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
         let w = QuantWeight::pack(&quantize(&rng.vec(n * k), n, k, &opts(format)).unwrap());
         for m in [2, 3, 4, 5, 7, 9, 17] {
             let x = rng.vec(m * k);
+            let rows_path = format.is_super() && m >= 6;
             for tier in isa::supported() {
                 let mut all = vec![0.0; m * n];
-                let before = avx2_rows_panels_run();
+                let before = super_unpacked_panels_run();
                 quant_linear(tier, &Serial, &x, m, &w, None, &mut all);
-                let rows_path =
-                    matches!(kernel_name(tier), "avx2" | "avxvnni") && format.is_super() && m >= 6;
                 assert_eq!(
-                    avx2_rows_panels_run() - before,
+                    super_unpacked_panels_run() - before,
                     if rows_path { 3 } else { 0 },
-                    "{} {format:?} m = {m}: panels through the unpacked-rows path",
+                    "{} {format:?} m = {m}: panels through the unpacked-codes path",
                     tier.name()
                 );
                 for i in 0..m {
@@ -488,17 +526,16 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
                     );
                 }
             }
-            // The AVX-VNNI tier's kernels (its own unpacked-rows path from 6 rows) over the exact
+            // The AVX-VNNI tier's kernels (its own unpacked-codes tiles from 6 rows) over the exact
             // emulation of vpdpbusd, on any AVX2 CPU.
             if isa::Isa::Avx2.is_supported() {
                 let mut all = vec![0.0; m * n];
-                let before = avx2_rows_panels_run();
+                let before = super_unpacked_panels_run();
                 quant_linear_vnni_emulated(&Serial, &x, m, &w, None, &mut all);
-                let rows_path = format.is_super() && m >= 6;
                 assert_eq!(
-                    avx2_rows_panels_run() - before,
+                    super_unpacked_panels_run() - before,
                     if rows_path { 3 } else { 0 },
-                    "avxvnni (emulated) {format:?} m = {m}: panels through the unpacked-rows path"
+                    "avxvnni (emulated) {format:?} m = {m}: panels through the unpacked-codes path"
                 );
                 for i in 0..m {
                     let mut one = vec![0.0; n];
@@ -511,6 +548,64 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
                     );
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn super_block_activation_codes_are_bit_identical_in_every_tier() {
+    // Rows of k = 576 (two super-blocks and a 64-value tail) and 96 (a tail alone): random values, a
+    // super-block whose max is 127 with .5 ties (round to even), zeros, a spike beside tiny values, and
+    // values so small that 127 / max|x| overflows (coded as zeros).
+    let mut rng = Rng::new(31);
+    for k in [576usize, 96] {
+        let rows = 4;
+        let mut x = rng.vec(rows * k);
+        for t in 0..k.min(256) {
+            x[k + t] = if t == 0 {
+                127.0
+            } else {
+                (t % 32) as f32 - 15.5
+            };
+            x[2 * k + t] = 0.0;
+            x[3 * k + t] = if t == 5 { 1e30 } else { 1e-3 * t as f32 };
+        }
+        if k > 512 {
+            for t in 512..k {
+                x[2 * k + t] = 1e-38 * (t as f32 - 540.0);
+            }
+        }
+        let nsb = k.div_ceil(256);
+        let (mut q, mut sd, mut bsums) = (vec![0i8; rows * k], vec![], vec![]);
+        for i in 0..rows {
+            for (b, xs) in x[i * k..(i + 1) * k].chunks(256).enumerate() {
+                let at = i * k + b * 256;
+                let mut bs = [7i16; 8];
+                sd.push(quantize_super(xs, &mut q[at..at + xs.len()], &mut bs));
+                // The sums are the codes' sums, zero past the row's end.
+                for (s, &v) in bs.iter().enumerate() {
+                    let codes = q[at..at + xs.len()].chunks(32).nth(s);
+                    let want = codes.map_or(0, |c| c.iter().map(|&c| c as i32).sum::<i32>());
+                    assert_eq!(
+                        v as i32, want,
+                        "k={k} row {i} super-block {b} sub-block {s}"
+                    );
+                }
+                bsums.extend_from_slice(&bs);
+            }
+        }
+        assert_eq!(sd.len(), rows * nsb);
+        assert_eq!(&q[k..k + 4], &[127, -14, -14, -12]); // -14.5 -> -14, -13.5 -> -14 (even)
+        assert!(q[2 * k..2 * k + 256.min(k)].iter().all(|&c| c == 0) && sd[2 * nsb] == 0.0);
+        if k > 512 {
+            assert_eq!(sd[2 * nsb + 2], 0.0, "127 / max|x| overflows: zeros");
+        }
+        for tier in isa::supported() {
+            let mut got = QActs::default();
+            quantize_super_activations(tier, &x, k, &mut got);
+            assert_eq!(got.q, q, "{} k={k}: codes", tier.name());
+            assert_eq!(got.sd, sd, "{} k={k}: scales", tier.name());
+            assert_eq!(got.bsums, bsums, "{} k={k}: sums", tier.name());
         }
     }
 }

@@ -9,12 +9,11 @@
 //! stand-in (two `vpmaddwd` on the even and odd bytes), so the layout and epilogue logic is tested
 //! against the scalar reference on any AVX2 machine, and the instruction itself where it exists.
 //!
-//! From `avx2_rows::MIN_ROWS` rows, Q4K and Q6K take the unpacked-rows path (`avxvnni_rows.rs`).
+//! The super-block formats' tiles (`superblock/vnni.rs`, `vnni_super!`) are stamped the same two ways.
 //!
 //! Numerical contract: the AVX-512 tier's, block for block (exact i32 sums; Q8 reads the coarse and
 //! residual activation codes and takes the weights' + 128 off with `128 * s_fine`; each block's
-//! contribution is added with fused multiply-adds: `d * t + y`; Q4 `d * dot + m * sum(q)`; Q4K
-//! `ds * dot - dm * sum(q)`; Q6K `ds * ((dot - 32 sum(q)) * dx)`).
+//! contribution is added with fused multiply-adds: `d * t + y`; Q4 `d * dot + m * sum(q)`).
 
 use std::arch::x86_64::*;
 
@@ -47,8 +46,7 @@ macro_rules! vnni_kernels {
         use std::arch::x86_64::*;
         use std::ops::Range;
 
-        use crate::quant::avx2::{bytes_f32, f16x16, q4k_scale_bytes};
-        use crate::quant::kblock::{Layout, SUBS};
+        use crate::quant::avx2::f16x16;
         use crate::quant::{store, Format, Job, LO, QPANEL, QSUB};
 
         /// x rows per register tile: 2 rows x 2 halves x 2 i32 chains, and 2 x 2 f32 outputs.
@@ -58,18 +56,6 @@ macro_rules! vnni_kernels {
         #[inline(always)]
         unsafe fn bx(p: *const i8) -> __m256i {
             _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
-        }
-
-        /// Q6K's high bits of code vector `v` moved to bits 4-5 of each byte (see the AVX-512 tier).
-        #[inline(always)]
-        unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
-            let m = _mm256_set1_epi8(0x30);
-            match v % 4 {
-                0 => _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m),
-                1 => _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m),
-                2 => _mm256_and_si256(hb, m),
-                _ => _mm256_and_si256(_mm256_srli_epi16::<2>(hb), m),
-            }
         }
 
         /// The two halves (rows 0-7, 8-15) of 32 bytes at `at`.
@@ -173,117 +159,17 @@ macro_rules! vnni_kernels {
             }
         }
 
-        #[target_feature(enable = $features)]
-        #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
-        unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
-            let w = job.w;
-            let (f, k) = (w.format, w.k());
-            let (lay, nsub) = (Layout::new(f, k), k / QSUB);
-            let full = f.block_bytes();
-            let a = job.acts;
-            let xq = a.q.as_ptr().add(i0 * k);
-            let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
-            let mut y = [[_mm256_setzero_ps(); 2]; M];
-            let nib = _mm256_set1_epi8(0x0f);
-            let q4k = f == Format::Q4K;
-            for b in 0..lay.blocks() {
-                let t = lay.subs(b);
-                let blk = w.data().as_ptr().add(lay.at(p, b));
-                // The next super-block's header, and below every line of each sub-block's codes,
-                // one super-block ahead; harmless past the end.
-                for line in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
-                }
-                let dv = f16x16(blk);
-                let mv = if q4k {
-                    f16x16(blk.add(32))
-                } else {
-                    [_mm256_setzero_ps(); 2]
-                };
-                for s in 0..t {
-                    let sb = b * SUBS + s;
-                    let cp = blk.add(Layout::codes_at(f, t, s));
-                    for line in 0..if q4k { 4 } else { 6 } {
-                        _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full + line * 64).cast());
-                    }
-                    let (ds, dm) = if q4k {
-                        let (sc, mc) = q4k_scale_bytes(blk, t, s);
-                        let (scf, mcf) = (bytes_f32(sc, false), bytes_f32(mc, false));
-                        (
-                            [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
-                            [_mm256_mul_ps(mv[0], mcf[0]), _mm256_mul_ps(mv[1], mcf[1])],
-                        )
-                    } else {
-                        let scf = bytes_f32(_mm_loadu_si128(blk.add(32 + 16 * s).cast()), true);
-                        (
-                            [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])],
-                            [_mm256_setzero_ps(); 2],
-                        )
-                    };
-                    let mut acc = [[_mm256_setzero_si256(); 2]; M];
-                    let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
-                    for g in 0..4 {
-                        let v = halves(cp.add(g * 64));
-                        let mut lo = v.map(|v| _mm256_and_si256(v, nib));
-                        let mut hi = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
-                        if !q4k {
-                            let hb = halves(cp.add(256 + (g / 2) * 64));
-                            for h in 0..2 {
-                                lo[h] = _mm256_or_si256(lo[h], high_bits(hb[h], 2 * g));
-                                hi[h] = _mm256_or_si256(hi[h], high_bits(hb[h], 2 * g + 1));
-                            }
-                        }
-                        for r in 0..M {
-                            let xr = xq.add(r * k + sb * QSUB + g * 8);
-                            let (xa, xb) = (bx(xr), bx(xr.add(4)));
-                            for h in 0..2 {
-                                acc[r][h] = $dp(acc[r][h], lo[h], xa);
-                                acc2[r][h] = $dp(acc2[r][h], hi[h], xb);
-                            }
-                        }
-                    }
-                    for r in 0..M {
-                        let sx = _mm256_set1_ps(sxs[r * nsub + sb]);
-                        let dx = _mm256_set1_ps(dxs[r * nsub + sb]);
-                        for h in 0..2 {
-                            let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[r][h], acc2[r][h]));
-                            if q4k {
-                                let t = _mm256_fmsub_ps(ds[h], dot, _mm256_mul_ps(dm[h], sx));
-                                y[r][h] = _mm256_fmadd_ps(t, dx, y[r][h]);
-                            } else {
-                                // dot - 32 sum(q) is exact in f32 (integers below 2^24).
-                                let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
-                                y[r][h] = _mm256_fmadd_ps(ds[h], _mm256_mul_ps(c, dx), y[r][h]);
-                            }
-                        }
-                    }
-                }
-            }
-            for r in 0..M {
-                let mut sums = [0.0f32; QPANEL];
-                _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
-                _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
-                store(job, i0 + r, p, &sums);
-            }
-        }
-
         /// # Safety
         /// The CPU has `$features`; `job` satisfies `quant_linear`'s contract; no other thread
         /// writes the columns of `panels`.
         pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
-            let sup = job.w.format.is_super();
-            if sup && job.m >= crate::quant::avx2_rows::MIN_ROWS {
-                return rows::panels(job, panels);
-            }
             for p in panels {
                 let mut i0 = 0;
                 while i0 < job.m {
                     let m = (job.m - i0).min(MR);
-                    match (m, sup) {
-                        (1, false) => tile::<1>(job, p, i0),
-                        (_, false) => tile::<2>(job, p, i0),
-                        (1, true) => tile_super::<1>(job, p, i0),
-                        (_, true) => tile_super::<2>(job, p, i0),
+                    match m {
+                        1 => tile::<1>(job, p, i0),
+                        _ => tile::<2>(job, p, i0),
                     }
                     i0 += m;
                 }
@@ -295,12 +181,12 @@ macro_rules! vnni_kernels {
 /// The tier itself: `vpdpbusd` (VEX, 256-bit).
 pub mod real {
     vnni_kernels!("avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
-    vnni_rows!("avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
+    vnni_super!("avx2,fma,f16c,avxvnni", _mm256_dpbusd_avx_epi32);
 }
 
 /// The same kernels over `dpbusd_emulated` (AVX2 only): what tests run where the CPU lacks AVX-VNNI.
 pub mod emulated {
     use super::dpbusd_emulated;
     vnni_kernels!("avx2,fma,f16c", dpbusd_emulated);
-    vnni_rows!("avx2,fma,f16c", crate::quant::avxvnni::dpbusd_emulated);
+    vnni_super!("avx2,fma,f16c", crate::quant::avxvnni::dpbusd_emulated);
 }

@@ -1,14 +1,13 @@
-//! Portable scalar tier of `quant_linear`, and the test oracle for the SIMD tiers.
+//! Portable scalar tier of `quant_linear` for Q8 and Q4, and the test oracle for the SIMD tiers (the
+//! super-block formats' is `superblock/generic.rs`).
 //!
 //! Numerical contract: exact i32 dot products per 32-block; each block's contribution
 //! `d * ((254 * dot + dot2) * dx')` (Q8, coarse and residual codes) or `(d * dot + m * sum(q)) * dx`
-//! (Q4), `(ds * dot - dm * sum(q)) * dx` (Q4K) or `ds * ((dot - 32 sum(q)) * dx)` (Q6K) is added to
-//! the output in k order with
-//! plain multiplies and adds (no fused multiply-add); then the bias.
+//! (Q4) is added to the output in k order with plain multiplies and adds (no fused multiply-add); then
+//! the bias.
 
 use std::ops::Range;
 
-use super::kblock::{code, sub_scales, super_bytes, Layout, SUBS};
 use super::{f16_to_f32, quantize_block, store, ActsOut, Format, Job, LO, QPANEL, QSUB};
 
 /// # Safety
@@ -26,10 +25,6 @@ pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
 pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
     let w = job.w;
     let (f, k) = (w.format, w.k());
-    if f.is_super() {
-        // SAFETY: forwarded.
-        return unsafe { panels_super(job, panels) };
-    }
     let (bs, bb, nb, nsub) = (f.block(), f.block_bytes(), k / f.block(), k / QSUB);
     let data = w.data();
     for p in panels {
@@ -74,45 +69,6 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                             }
                         };
                         *sum += contrib;
-                    }
-                }
-            }
-            // SAFETY: forwarded from the caller (this task owns panel p's columns).
-            unsafe { store(job, i, p, &sums) };
-        }
-    }
-}
-
-/// The super-block formats (`kblock`), one sub-block of 32 at a time.
-///
-/// # Safety
-/// As `panels`.
-unsafe fn panels_super(job: &Job<'_>, panels: Range<usize>) {
-    let w = job.w;
-    let (f, k) = (w.format, w.k());
-    let (lay, nsub) = (Layout::new(f, k), k / QSUB);
-    let a = job.acts;
-    for p in panels {
-        for i in 0..job.m {
-            let xq = &a.q[i * k..(i + 1) * k];
-            let mut sums = [0.0f32; QPANEL];
-            for (r, sum) in sums.iter_mut().enumerate() {
-                for b in 0..lay.blocks() {
-                    let t = lay.subs(b);
-                    let blk = &w.data()[lay.at(p, b)..lay.at(p, b) + super_bytes(f, t)];
-                    for s in 0..t {
-                        let sb = b * SUBS + s;
-                        let mut dot = 0i32;
-                        for kk in 0..QSUB {
-                            dot += code(f, blk, t, s, r, kk) as i32 * xq[sb * QSUB + kk] as i32;
-                        }
-                        let (ds, dm) = sub_scales(f, blk, t, s, r);
-                        let (dx, sx) = (a.d[i * nsub + sb], a.s[i * nsub + sb]);
-                        *sum += match f {
-                            Format::Q4K => (ds * dot as f32 - dm * sx) * dx,
-                            // dot - 32 sum(q): exact integers below 2^24 in f32.
-                            _ => ds * ((dot as f32 - 32.0 * sx) * dx),
-                        };
                     }
                 }
             }

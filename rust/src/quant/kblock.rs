@@ -176,16 +176,34 @@ pub(crate) fn pack(q: &QuantRows) -> Vec<u8> {
 /// Row r's (d * sc, dmin * mc) of sub-block s in a packed super-block of t sub-blocks (Q6K: dm = 0).
 #[inline]
 pub(crate) fn sub_scales(f: Format, blk: &[u8], t: usize, s: usize, r: usize) -> (f32, f32) {
+    let (d, dmin) = heads(f, blk, r);
+    let (sc, mc) = sub_ints(f, blk, t, s, r);
+    (d * sc as f32, dmin * mc as f32)
+}
+
+/// Row r's super-block scale d and min scale dmin (Q6K: 0) of a packed super-block.
+#[inline]
+pub(crate) fn heads(f: Format, blk: &[u8], r: usize) -> (f32, f32) {
     let h = |at: usize| f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]));
+    match f {
+        Format::Q4K => (h(r * 2), h(32 + r * 2)),
+        _ => (h(r * 2), 0.0),
+    }
+}
+
+/// Row r's integer sub-block scale and min (Q4K: sc, mc in 0..=63; Q6K: the i8 scale and 0) of sub-block
+/// s in a packed super-block of t sub-blocks.
+#[inline]
+pub(crate) fn sub_ints(f: Format, blk: &[u8], t: usize, s: usize, r: usize) -> (i32, i32) {
     match f {
         Format::Q4K => {
             let lo = blk[64 + 16 * s + r];
             let hi = blk[64 + 16 * t + 16 * (s / 2) + r] >> (4 * (s % 2));
             let sc = (lo & 15) | ((hi & 3) << 4);
             let mc = (lo >> 4) | (((hi >> 2) & 3) << 4);
-            (h(r * 2) * sc as f32, h(32 + r * 2) * mc as f32)
+            (sc as i32, mc as i32)
         }
-        _ => (h(r * 2) * blk[32 + 16 * s + r] as i8 as f32, 0.0),
+        _ => (blk[32 + 16 * s + r] as i8 as i32, 0),
     }
 }
 

@@ -1,0 +1,363 @@
+//! The super-block formats' linear (Q4K, Q6K; layout in `kblock`) over activations quantized per 256
+//! values (`acts::quantize_super`): integer sums across a whole super-block, one float epilogue per
+//! super-block, row and output. One driver (`run`) for every tier; a tier brings its header unpacking,
+//! its code unpacking and its row tiles (`Kernels`).
+//!
+//! Numerical contract, for activation row i, output j and super-block b of t sub-blocks (dx the
+//! activations' scale of that super-block, q their codes, bsum_s the sum of sub-block s's codes; d, dmin,
+//! sc_s, mc_s the weights' scales):
+//! - Q4K: A = sum_s sc_s * dot(c_s, q_s), B = sum_s mc_s * bsum_s (exact i32 sums: |A| <= 8 * 63 * 32 *
+//!   15 * 127 < 2^25), then `y = fma(dx, fma(d, f32(A), -(dmin * f32(B))), y)`.
+//! - Q6K (codes u = c + 32 stored unsigned): A = sum_s sc_s * dot(u_s, q_s), B = sum_s sc_s * bsum_s, C =
+//!   A - 32 B (exact: |C| < 2^29), then `y = fma(dx, d * f32(C), y)`.
+//!
+//! y starts at zero, takes the super-blocks in k order, then the bias. Every operation is an exact
+//! integer sum or one correctly rounded float operation in a fixed order, so every tier, every tile
+//! shape and every split across threads gives the same bits as the scalar reference (`generic::tile`):
+//! a row's result never depends on the rows beside it (the server's exactness).
+//!
+//! The driver walks a task's panels in groups of `Kernels::panels` (1 below `Kernels::min_rows` rows),
+//! super-block by super-block. From `min_rows` rows each panel's super-block is unpacked once into L1,
+//! its header (d, dmin, the sub-block scales widened for the tiles, `Hdr`) and its codes (whole bytes,
+//! 4 KB), so every row tile reads them without unpacking nibbles and scales again; below that (a decode
+//! step) the tiles read the packed bytes themselves. y lives in scratch between super-blocks. The next
+//! super-block of each panel is prefetched while the rows compute.
+
+use std::ops::Range;
+
+use super::kblock::{heads, sub_ints, super_bytes, Layout, SUBS, SUPER};
+use super::{store, Format, Job, QPANEL, QSUB};
+use crate::scratch::with_scratch;
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512;
+pub(super) mod generic;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod x86;
+#[cfg(target_arch = "x86_64")]
+#[macro_use]
+pub(super) mod vnni;
+
+/// One panel's super-block header, widened for the tiles (64-byte aligned, in L1 scratch).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Hdr {
+    /// The 16 rows' super-block scales.
+    pub d: [f32; QPANEL],
+    /// The 16 rows' min scales (Q6K: zero).
+    pub dmin: [f32; QPANEL],
+    /// Sub-block s's scale per row, as i32 (Q6K: signed); sub-blocks past t are zero.
+    pub sc: [[i32; QPANEL]; SUBS],
+    /// The same scale twice per lane, as two i16 (`vpmaddwd`'s form).
+    pub sc2: [[i32; QPANEL]; SUBS],
+    /// Pair j of the B sums' weights per row, as two i16 (sub-blocks 2j and 2j + 1): Q4K's mins, Q6K's
+    /// scales; zero past t.
+    pub pairs: [[i32; QPANEL]; SUBS / 2],
+}
+
+/// Bytes of a `Hdr`.
+pub(crate) const HDR_BYTES: usize = std::mem::size_of::<Hdr>();
+/// Bytes of a panel's unpacked codes: sub-block s, group v of 4 k: 16 rows x 4 codes at `s * 512 + v * 64
+/// + 4 r` (the order `vpdpbusd` and `vpmaddubsw` read a broadcast of 4 activation codes against).
+pub(crate) const CODES_BYTES: usize = SUBS * 8 * 64;
+
+/// What a row tile computes: rows `i0..` (as many as it takes) against `panels` panels' super-block `b`
+/// of `t` sub-blocks, adding into y.
+pub(crate) struct Tile<'a> {
+    pub job: &'a Job<'a>,
+    pub b: usize,
+    pub t: usize,
+    /// `panels` unpacked headers, one after another (unpacked codes only).
+    pub hdr: *const Hdr,
+    /// Panel 0's packed super-block, or its unpacked codes (`CODES_BYTES`).
+    pub src: *const u8,
+    /// Bytes from one panel's codes to the next.
+    pub stride: usize,
+    pub packed: bool,
+    pub panels: usize,
+    /// The tile's first row, and the end of the rows it may take.
+    pub i0: usize,
+    pub end: usize,
+    /// Row i0's y (16 per panel); rows `ystride` f32s apart.
+    pub y: *mut f32,
+    pub ystride: usize,
+}
+
+impl Tile<'_> {
+    /// Rows left from i0.
+    #[inline(always)]
+    pub fn left(&self) -> usize {
+        self.end - self.i0
+    }
+
+    /// Row i0 + r's codes of this super-block.
+    #[inline(always)]
+    pub unsafe fn x(&self, r: usize) -> *const i8 {
+        let k = self.job.w.k();
+        self.job
+            .acts
+            .q
+            .as_ptr()
+            .add((self.i0 + r) * k + self.b * SUPER)
+    }
+
+    /// Row i0 + r's scale and sub-block sums of this super-block.
+    #[inline(always)]
+    pub unsafe fn scale_sums(&self, r: usize) -> (f32, *const i16) {
+        let nsb = self.job.w.k().div_ceil(SUPER);
+        let at = (self.i0 + r) * nsb + self.b;
+        let a = self.job.acts;
+        (*a.sd.as_ptr().add(at), a.bsums.as_ptr().add(at * SUBS))
+    }
+}
+
+/// Unpacks a panel's packed super-block (format, its bytes, sub-blocks) into a header or codes.
+pub(crate) type HeaderFn = unsafe fn(Format, *const u8, usize, *mut Hdr);
+pub(crate) type CodesFn = unsafe fn(Format, *const u8, usize, *mut u8);
+/// A row tile; returns the rows it did (at least one).
+pub(crate) type TileFn = unsafe fn(&Tile<'_>) -> usize;
+
+/// A tier's part of the path.
+pub(crate) struct Kernels {
+    pub quantize: super::acts::SuperQuantizeFn,
+    pub header: HeaderFn,
+    pub codes: CodesFn,
+    pub tile: TileFn,
+    /// Rows from which codes are unpacked once per panel.
+    pub min_rows: usize,
+    /// Panels per unpacked group.
+    pub panels: usize,
+}
+
+/// The job's panels `panels` of a Q4K or Q6K matrix (see the module's contract).
+///
+/// # Safety
+/// The CPU runs `kernels`' functions; `job` satisfies `quant_linear`'s contract with a Q4K or Q6K matrix
+/// and super-block activations; no other thread writes these panels' columns.
+pub(crate) unsafe fn run(kernels: &Kernels, job: &Job<'_>, panels: Range<usize>) {
+    let (w, m) = (job.w, job.m);
+    let f = w.format;
+    let lay = Layout::new(f, w.k());
+    let unpack = m >= kernels.min_rows;
+    let pmax = if unpack { kernels.panels } else { 1 };
+    if unpack {
+        UNPACKED_PANELS.with(|c| c.set(c.get() + panels.len()));
+    }
+    let block = row_block(w.k()).min(m);
+    let hdr_floats = pmax * HDR_BYTES / 4;
+    let code_floats = if unpack { pmax * CODES_BYTES / 4 } else { 0 };
+    let ystride = pmax * QPANEL;
+    with_scratch(hdr_floats + code_floats + block * ystride, |buf| {
+        let (head, y) = buf.split_at_mut(hdr_floats + code_floats);
+        let hdr = head.as_mut_ptr().cast::<Hdr>();
+        let ubuf = head.as_mut_ptr().add(hdr_floats).cast::<u8>();
+        let data = w.data().as_ptr();
+        // Row blocks outermost: a block's activations stay in L2 while every panel reads them (a
+        // prompt's whole activations do not), and its output rows are written panel after panel.
+        for r0 in (0..m).step_by(block) {
+            let rows = r0..(r0 + block).min(m);
+            let mut p0 = panels.start;
+            while p0 < panels.end {
+                let np = pmax.min(panels.end - p0);
+                y.fill(0.0);
+                for b in 0..lay.blocks() {
+                    let t = lay.subs(b);
+                    for j in 0..np {
+                        let blk = data.add(lay.at(p0 + j, b));
+                        if unpack {
+                            (kernels.header)(f, blk, t, hdr.add(j));
+                            (kernels.codes)(f, blk, t, ubuf.add(j * CODES_BYTES));
+                        }
+                        // The bytes after this super-block (the panel's next one, or the next panel's
+                        // first), fetched while the rows compute: decode steps stream their weights
+                        // through here. Past the matrix's end they are harmless hints (wrapping_add:
+                        // no pointer past it).
+                        prefetch(blk.wrapping_add(super_bytes(f, t)), f.block_bytes());
+                    }
+                    let (src, stride) = if unpack {
+                        (ubuf.cast_const(), CODES_BYTES)
+                    } else {
+                        (data.add(lay.at(p0, b)), lay.panel_bytes)
+                    };
+                    let mut i0 = rows.start;
+                    while i0 < rows.end {
+                        let tile = Tile {
+                            job,
+                            b,
+                            t,
+                            hdr,
+                            src,
+                            stride,
+                            packed: !unpack,
+                            panels: np,
+                            i0,
+                            end: rows.end,
+                            y: y.as_mut_ptr().add((i0 - r0) * ystride),
+                            ystride,
+                        };
+                        i0 += (kernels.tile)(&tile);
+                    }
+                }
+                for i in rows.clone() {
+                    for j in 0..np {
+                        let at = (i - r0) * ystride + j * QPANEL;
+                        store(job, i, p0 + j, y[at..at + QPANEL].try_into().unwrap());
+                    }
+                }
+                p0 += np;
+            }
+        }
+    });
+}
+
+/// Rows per block of `run`: as many as keep their activation codes within about 256 KB of L2 (k bytes
+/// each), at least 96 (a whole number of 6- and 8-row tiles), so that unpacking a super-block once
+/// per block stays a few percent of the block's work.
+fn row_block(k: usize) -> usize {
+    ((256 << 10) / k).max(96) / 24 * 24
+}
+
+/// Prefetches `bytes` from `at` into L1 (a hint; no-op off x86-64).
+#[inline(always)]
+fn prefetch(at: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in 0..bytes.div_ceil(64) {
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                at.wrapping_add(64 * line).cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, bytes);
+}
+
+thread_local! {
+    /// Panels this thread ran with unpacked codes (tests prove the many-rows path ran with it).
+    static UNPACKED_PANELS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Panels the calling thread has run through the unpacked-codes path of the super-block formats.
+pub(crate) fn unpacked_panels_run() -> usize {
+    UNPACKED_PANELS.with(std::cell::Cell::get)
+}
+
+/// The header of a packed super-block, from `kblock`'s accessors: the reference the SIMD unpacking
+/// matches (and the scalar tier's).
+///
+/// # Safety
+/// `blk` holds a packed super-block of `f` with `t` sub-blocks; `h` is writable.
+pub(crate) unsafe fn header_ref(f: Format, blk: *const u8, t: usize, h: *mut Hdr) {
+    let blk = std::slice::from_raw_parts(blk, super_bytes(f, t));
+    let mut o = Hdr {
+        d: [0.0; QPANEL],
+        dmin: [0.0; QPANEL],
+        sc: [[0; QPANEL]; SUBS],
+        sc2: [[0; QPANEL]; SUBS],
+        pairs: [[0; QPANEL]; SUBS / 2],
+    };
+    for r in 0..QPANEL {
+        (o.d[r], o.dmin[r]) = heads(f, blk, r);
+        let mut m = [0i32; SUBS];
+        #[allow(clippy::needless_range_loop)] // s indexes the header's rows and m alike
+        for s in 0..t {
+            let (sc, mc) = sub_ints(f, blk, t, s, r);
+            o.sc[s][r] = sc;
+            o.sc2[s][r] = pair(sc, sc);
+            m[s] = if f == Format::Q4K { mc } else { sc };
+        }
+        for j in 0..SUBS / 2 {
+            o.pairs[j][r] = pair(m[2 * j], m[2 * j + 1]);
+        }
+    }
+    h.write(o);
+}
+
+/// Two i16 values in one i32 lane, `lo` in the low half (as `vpmaddwd` reads a lane).
+#[inline]
+pub(crate) fn pair(lo: i32, hi: i32) -> i32 {
+    (lo as i16 as u16 as u32 | ((hi as i16 as u16 as u32) << 16)) as i32
+}
+
+/// The codes of a packed super-block as whole bytes in the unpacked layout (`CODES_BYTES`), from
+/// `kblock::code`: the reference the SIMD unpacking matches.
+///
+/// # Safety
+/// As `header_ref`; `out` holds `CODES_BYTES`.
+pub(crate) unsafe fn codes_ref(f: Format, blk: *const u8, t: usize, out: *mut u8) {
+    let blk = std::slice::from_raw_parts(blk, super_bytes(f, t));
+    let out = std::slice::from_raw_parts_mut(out, CODES_BYTES);
+    for s in 0..t {
+        for kk in 0..QSUB {
+            for r in 0..QPANEL {
+                out[s * 512 + (kk / 4) * 64 + 4 * r + kk % 4] =
+                    super::kblock::code(f, blk, t, s, r, kk);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{quantize, QuantOptions, QuantWeight};
+
+    /// Packed super-blocks of both formats, whole and short (k = 576: 2 whole, a tail of 2 sub-blocks;
+    /// k = 224: a tail of 7), with random scales: the AVX2 unpacking gives the reference's header and
+    /// codes exactly.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn simd_unpacking_equals_the_reference() {
+        if !crate::isa::Isa::Avx2.is_supported() {
+            return;
+        }
+        let mut seed = 7u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 4.0
+        };
+        for f in [Format::Q4K, Format::Q6K] {
+            for k in [576usize, 224] {
+                let n = 20;
+                let v: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+                let opt = QuantOptions {
+                    format: f,
+                    importance: None,
+                    threads: 1,
+                };
+                let w = QuantWeight::pack(&quantize(&v, n, k, &opt).unwrap());
+                let lay = Layout::new(f, k);
+                for p in 0..2 {
+                    for b in 0..lay.blocks() {
+                        let (t, blk) = (lay.subs(b), w.data()[lay.at(p, b)..].as_ptr());
+                        // SAFETY: blk is a packed super-block of t sub-blocks; the outputs are locals.
+                        unsafe {
+                            let (mut want, mut got) = (std::mem::zeroed(), std::mem::zeroed());
+                            header_ref(f, blk, t, &mut want);
+                            x86::header(f, blk, t, &mut got);
+                            assert_eq!(got, want, "{f:?} k={k} panel {p} super-block {b}: header");
+                            // 64-byte aligned, as the driver's scratch (the SIMD stores need 32).
+                            #[repr(align(64))]
+                            struct Codes([u8; CODES_BYTES]);
+                            let (mut want, mut got) =
+                                (Codes([0; CODES_BYTES]), Codes([1; CODES_BYTES]));
+                            codes_ref(f, blk, t, want.0.as_mut_ptr());
+                            x86::codes(f, blk, t, got.0.as_mut_ptr());
+                            let used = t * 512;
+                            assert_eq!(
+                                got.0[..used],
+                                want.0[..used],
+                                "{f:?} k={k} panel {p} super-block {b}: codes"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
