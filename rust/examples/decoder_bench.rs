@@ -356,11 +356,7 @@ fn main() {
         let mut acts = kwker_kernels::quant::QActs::default();
         let t = Instant::now();
         for _ in 0..10 {
-            if format.is_some_and(|f| f.is_super()) {
-                kwker_kernels::quant::quantize_super_activations(isa, &x, s.inter, &mut acts);
-            } else {
-                kwker_kernels::quant::quantize_activations(isa, &x, &mut acts);
-            }
+            kwker_kernels::quant::quantize_activations(isa, &x, &mut acts);
         }
         let per = t.elapsed().as_secs_f64() / 10.0;
         println!(

@@ -21,9 +21,8 @@
 //! bias last. Tiers differ from the scalar reference only in fused multiply-add rounding, so the result is
 //! a float linear of the dequantized weights and the rounded activations, up to f32 rounding.
 //!
-//! Q4K and Q6K read x quantized per 256 values (`quantize_super`, as llama.cpp's Q8_K) and sum a whole
-//! super-block in integers: `superblock.rs` states their contract, under which every tier, tile and
-//! thread split gives the scalar tier's bits.
+//! Q4K and Q6K read the same per-32 codes; `superblock.rs` states their contract (a fixed fused-float
+//! epilogue per sub-block), under which every tier, tile and thread split gives the scalar tier's bits.
 
 mod acts;
 mod generic;
@@ -32,6 +31,8 @@ mod superblock;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_rows;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -44,9 +45,9 @@ pub mod kblock;
 use std::cell::RefCell;
 use std::ops::Range;
 
+pub use acts::quantize_activations;
 use acts::quantize_par;
 pub(crate) use acts::ActsOut;
-pub use acts::{quantize_activations, quantize_super, quantize_super_activations};
 pub use f16::{f16_to_f32, f32_to_f16};
 pub use fit::{quantize, QuantOptions};
 
@@ -426,10 +427,6 @@ impl QuantWeight {
 ///   kernel multiplies i16 pairs with `vpmaddwd`, one product per weight instead of two), empty
 ///   otherwise.
 ///
-/// The super-block formats (Q4K, Q6K) read x quantized per 256 values instead (`quantize_super`, as
-/// llama.cpp's Q8_K): int8 codes in `q`, per row and super-block (`k.div_ceil(256)` per row, the last
-/// one shorter when k is not a multiple of 256) the scale in `sd` and the sums of its eight 32-value
-/// sub-blocks' codes in `bsums` (8 per super-block, zero past the row's end).
 #[derive(Default)]
 pub struct QActs {
     pub q: Vec<i8>,
@@ -439,8 +436,6 @@ pub struct QActs {
     pub d_fine: Vec<f32>,
     pub s_fine: Vec<i32>,
     pub fine: Vec<i16>,
-    pub sd: Vec<f32>,
-    pub bsums: Vec<i16>,
 }
 
 /// One 32-block's scales and sums (see `QActs`).
@@ -513,24 +508,23 @@ pub(crate) struct Job<'a> {
 type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
 type QuantizeFn = unsafe fn(&[f32], ActsOut);
 
-/// A tier's kernels: Q8 and Q4 (`panels`, over activations from `quantize`, which also writes
-/// `QActs::fine` where `fine`), and the super-block formats' (`sup`).
+/// A tier's kernels: `panels` over activations from `quantize` (which also writes `QActs::fine` where
+/// `fine`), and the super-block formats' path (`sup`; None: `panels` runs them too, the AVX2 tier's own).
 struct Tier {
     panels: PanelFn,
     quantize: QuantizeFn,
     name: &'static str,
     fine: bool,
-    sup: &'static superblock::Kernels,
+    sup: Option<&'static superblock::Kernels>,
 }
 
 impl Tier {
     /// Panels a task's range should be a multiple of: the super-block path's unpacked group, so that no
     /// task ends in a group cut short (its tiles are widest on whole groups).
     fn panel_align(&self, w: &QuantWeight, m: usize) -> usize {
-        if w.format.is_super() && m >= self.sup.min_rows {
-            self.sup.panels
-        } else {
-            1
+        match self.sup {
+            Some(k) if w.format.is_super() && m >= k.min_rows => k.panels,
+            _ => 1,
         }
     }
 
@@ -540,10 +534,9 @@ impl Tier {
     /// The CPU runs the tier; `job` satisfies `quant_linear`'s contract with activations quantized for
     /// its format by this tier; no other thread writes these panels' columns.
     unsafe fn run(&self, job: &Job<'_>, panels: Range<usize>) {
-        if job.w.format.is_super() {
-            superblock::run(self.sup, job, panels)
-        } else {
-            (self.panels)(job, panels)
+        match self.sup {
+            Some(k) if job.w.format.is_super() => superblock::run(k, job, panels),
+            _ => (self.panels)(job, panels),
         }
     }
 }
@@ -559,7 +552,7 @@ fn tier(isa: Isa) -> Tier {
                 quantize: avx512::quantize_rows,
                 name: "avx512vnni",
                 fine: false,
-                sup: &superblock::avx512::KERNELS,
+                sup: Some(&superblock::avx512::KERNELS),
             };
         }
         if isa >= Isa::AvxVnni && avxvnni::usable() {
@@ -568,7 +561,7 @@ fn tier(isa: Isa) -> Tier {
                 quantize: avx2::quantize_rows,
                 name: "avxvnni",
                 fine: true,
-                sup: &avxvnni::real::sup::KERNELS,
+                sup: Some(&avxvnni::real::sup::KERNELS),
             };
         }
         if isa >= Isa::Avx2 && avx2::usable() {
@@ -577,7 +570,7 @@ fn tier(isa: Isa) -> Tier {
                 quantize: avx2::quantize_rows,
                 name: "avx2",
                 fine: true,
-                sup: &superblock::avx2::KERNELS,
+                sup: None,
             };
         }
     }
@@ -587,14 +580,29 @@ fn tier(isa: Isa) -> Tier {
         quantize: generic::quantize_rows,
         name: "generic",
         fine: false,
-        sup: &superblock::generic::KERNELS,
+        sup: Some(&superblock::generic::KERNELS),
     }
 }
 
-/// Panels the calling thread has run with unpacked codes through the super-block formats' many-rows path
-/// (`quant/superblock.rs`; each panel's super-blocks unpacked once for all rows): how tests prove it ran.
+/// Panels the calling thread has run through a many-rows path of the super-block formats (each panel's
+/// super-blocks unpacked once for all rows: `quant/superblock.rs`, the AVX2 tier's `quant/avx2_rows.rs`):
+/// how tests prove it ran.
 pub fn super_unpacked_panels_run() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return superblock::unpacked_panels_run() + avx2_rows::panels_run();
+    #[cfg(not(target_arch = "x86_64"))]
     superblock::unpacked_panels_run()
+}
+
+/// Rows from which `isa`'s tier runs the super-block formats through its many-rows path.
+pub fn super_min_rows(isa: Isa) -> usize {
+    match tier(isa).sup {
+        Some(k) => k.min_rows,
+        #[cfg(target_arch = "x86_64")]
+        None => avx2_rows::MIN_ROWS,
+        #[cfg(not(target_arch = "x86_64"))]
+        None => usize::MAX,
+    }
 }
 
 /// The kernel family `quant_linear` runs for a tier on this CPU (for tests and logs).
@@ -670,7 +678,7 @@ pub fn quant_linear_vnni_emulated(
         if m > 0 && n > 0 {
             let emulated = Tier {
                 panels: avxvnni::emulated::panels,
-                sup: &avxvnni::emulated::sup::KERNELS,
+                sup: Some(&avxvnni::emulated::sup::KERNELS),
                 ..tier(Isa::Avx2)
             };
             linear_with(Isa::Avx2, &emulated, par, x, m, w, bias, y);
@@ -693,7 +701,7 @@ fn linear_with(
     let (n, k) = (w.n, w.k);
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
-        quantize_par(isa, par, x, k, w.format, &mut acts);
+        quantize_par(isa, par, x, k, &mut acts);
         let job = Job {
             acts: &acts,
             m,
@@ -757,11 +765,7 @@ pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'
         }
         for (it, a) in items.iter().zip(acts.iter_mut()) {
             if it.m > 0 {
-                if it.w.format.is_super() {
-                    quantize_super_activations(isa, it.x, it.w.k, a);
-                } else {
-                    quantize_activations(isa, it.x, a);
-                }
+                quantize_activations(isa, it.x, a);
             }
         }
         let jobs: Vec<Job<'_>> = items

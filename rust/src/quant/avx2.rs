@@ -1,7 +1,6 @@
-//! AVX2 tier of `quant_linear` for Q8 and Q4 (also what AVX-512 CPUs without VNNI run), and the helpers
-//! the super-block path's AVX2 code shares (`superblock/x86.rs`, `superblock/avx2.rs`): `vpmaddubsw`
-//! multiplies unsigned by signed bytes into i16 pairs, `vpmaddwd` by ones widens them to i32. A 16-row
-//! panel is two 256-bit halves (rows 0-7, rows 8-15); up to 2 x rows share each loaded weight vector.
+//! AVX2 tier of `quant_linear` (also what AVX-512 CPUs without VNNI run): `vpmaddubsw` multiplies
+//! unsigned by signed bytes into i16 pairs, `vpmaddwd` by ones widens them to i32. A 16-row panel is
+//! two 256-bit halves (rows 0-7, rows 8-15); up to 2 x rows share each loaded weight vector.
 //!
 //! - Q8 (codes stored + 128): the activations' coarse and residual codes combined into one i16
 //!   (254 * q + q2, `QActs::fine`), so one `vpmaddwd` on the widened weight bytes makes both products
@@ -9,10 +8,19 @@
 //! - Q4 (codes 0..=15): no sign trick; a whole 32-block's pair sums (8 per lane, each within
 //!   2 * 15 * 127) add up in i16 without saturating before one widening.
 //!
+//! - Q4K: as Q4 per 32-value sub-block; the 6-bit scale multiplies the i16 sums in the widening
+//!   `vpmaddwd` (no float conversion), the super-block's f16 scale once per super-block.
+//! - Q6K (codes 0..=63): a pair sum is within 2 * 63 * 127 and the low and high nibbles' two within
+//!   i16, so each group of 8 k is widened to i32 before the next is added.
+//!
 //! Numerical contract: exact integer sums per 32-block as the scalar tier; each block's contribution
-//! is added with fused multiply-adds (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`), the same
-//! value as the scalar tier's to float32 rounding. Rows of one call are computed alike, whichever tile
-//! they fall in.
+//! is added with fused multiply-adds (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`), and Q4K
+//! in its own order: `y += d * sum_s((sc * dot) * dx) - sum_s((dmin * mc) * (sum(q) * dx))` (the
+//! same value as the scalar tier's to float32 rounding). Rows of one call are computed alike,
+//! whichever tile they fall in.
+//!
+//! From `avx2_rows::MIN_ROWS` rows (prompts, batched steps) Q4K and Q6K go to `avx2_rows`, which unpacks
+//! each panel's super-block once for all rows and computes every row bit for bit as the tiles here.
 //!
 //! Weights are prefetched ahead of the block being read, every cache line of it: on a Zen 3 (AVX2,
 //! no AVX-512) a layer's q4 / q4k / q6k matrices streamed at 0.43-0.62 of a plain 2-thread read with
@@ -21,6 +29,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::kblock::{Layout, SUBS};
 use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
@@ -296,6 +305,161 @@ pub(super) unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
     }
 }
 
+/// Sixteen bytes (one per row) to two vectors of 8 f32s, unsigned or signed.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn bytes_f32(v: __m128i, signed: bool) -> [__m256; 2] {
+    let hi = _mm_srli_si128::<8>(v);
+    if signed {
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+        ]
+    } else {
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+        ]
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
+unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
+    let w = job.w;
+    let (f, k) = (w.format, w.k());
+    let (lay, nsub) = (Layout::new(f, k), k / QSUB);
+    let full = f.block_bytes();
+    let a = job.acts;
+    let xq = a.q.as_ptr().add(i0 * k);
+    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+    let mut y = [[_mm256_setzero_ps(); 2]; M];
+    let ones = _mm256_set1_epi16(1);
+    let half = |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
+    for b in 0..lay.blocks() {
+        let t = lay.subs(b);
+        let blk = w.data().as_ptr().add(lay.at(p, b));
+        // The next super-block's header (its scales), one super-block ahead; harmless past the end.
+        for line in 0..4 {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
+        }
+        let dv = half(blk);
+        for s in 0..t {
+            let sb = b * SUBS + s;
+            let cp = blk.add(Layout::codes_at(f, t, s));
+            // Every line of this sub-block's codes one super-block ahead (on Zen 3 the decode step
+            // streamed at 0.43 of a plain read with one line, 0.99 with all six).
+            for line in 0..6 {
+                _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full + line * 64).cast());
+            }
+            let scf = bytes_f32(_mm_loadu_si128(blk.add(32 + 16 * s).cast()), true);
+            let ds = [_mm256_mul_ps(dv[0], scf[0]), _mm256_mul_ps(dv[1], scf[1])];
+            // i32 sums, widened per group (two nibble products of 6-bit codes fill an i16).
+            let mut acc = [[_mm256_setzero_si256(); 2]; M];
+            for g in 0..4 {
+                let c = q6k_codes(cp, g);
+                for r in 0..M {
+                    let xr = xq.add(r * k + sb * QSUB + g * 8);
+                    let (xa, xb) = (bx(xr), bx(xr.add(4)));
+                    for h in 0..2 {
+                        let pr = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(c[h][0], xa),
+                            _mm256_maddubs_epi16(c[h][1], xb),
+                        );
+                        acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, ones));
+                    }
+                }
+            }
+            for r in 0..M {
+                let sx = _mm256_set1_ps(sxs[r * nsub + sb]);
+                let dx = _mm256_set1_ps(dxs[r * nsub + sb]);
+                for h in 0..2 {
+                    // dot - 32 sum(q) is exact in f32 (integers below 2^24).
+                    let dot = _mm256_cvtepi32_ps(acc[r][h]);
+                    let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
+                    y[r][h] = _mm256_fmadd_ps(ds[h], _mm256_mul_ps(c, dx), y[r][h]);
+                }
+            }
+        }
+    }
+    for r in 0..M {
+        let mut sums = [0.0f32; QPANEL];
+        _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
+        _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
+        store(job, i0 + r, p, &sums);
+    }
+}
+
+/// Q4K: per 32-value sub-block the i16 sums (as Q4) meet the 6-bit scale in the widening `vpmaddwd`
+/// itself (sc * dot, exact in i32 and in f32: below 63 * 32 * 15 * 127 < 2^24), so the scale costs no
+/// float conversion; `d * sum_s(sc * dot * dx)` is applied once per super-block and the mins per
+/// sub-block as `(dmin * mc) * (sum(q) * dx)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
+unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
+    let w = job.w;
+    let (f, k) = (w.format, w.k());
+    let (lay, nsub) = (Layout::new(f, k), k / QSUB);
+    let full = f.block_bytes();
+    let a = job.acts;
+    let xq = a.q.as_ptr().add(i0 * k);
+    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+    let mut y = [[_mm256_setzero_ps(); 2]; M];
+    for b in 0..lay.blocks() {
+        let t = lay.subs(b);
+        let blk = w.data().as_ptr().add(lay.at(p, b));
+        // The next super-block's header (its scales), one super-block ahead; harmless past the end.
+        for line in 0..4 {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
+        }
+        let (dv, mv) = (f16x16(blk), f16x16(blk.add(32)));
+        let mut ya = [[_mm256_setzero_ps(); 2]; M];
+        for s in 0..t {
+            let sb = b * SUBS + s;
+            let cp = blk.add(Layout::codes_at(f, t, s));
+            for line in 0..4 {
+                _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(full + line * 64).cast());
+            }
+            let (scp, dm) = q4k_scales(blk, t, s, mv);
+            let mut acc = [[_mm256_setzero_si256(); 2]; M];
+            for g in 0..4 {
+                let c = q4_codes(cp.add(g * 64));
+                for r in 0..M {
+                    let xr = xq.add(r * k + sb * QSUB + g * 8);
+                    let (xa, xb) = (bx(xr), bx(xr.add(4)));
+                    for h in 0..2 {
+                        let pr = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(c[h][0], xa),
+                            _mm256_maddubs_epi16(c[h][1], xb),
+                        );
+                        acc[r][h] = _mm256_add_epi16(acc[r][h], pr);
+                    }
+                }
+            }
+            for r in 0..M {
+                let dx = dxs[r * nsub + sb];
+                let (dxv, cv) = (_mm256_set1_ps(dx), _mm256_set1_ps(sxs[r * nsub + sb] * dx));
+                for h in 0..2 {
+                    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][h], scp[h]));
+                    ya[r][h] = _mm256_fmadd_ps(dot, dxv, ya[r][h]);
+                    y[r][h] = _mm256_fnmadd_ps(dm[h], cv, y[r][h]);
+                }
+            }
+        }
+        for r in 0..M {
+            for h in 0..2 {
+                y[r][h] = _mm256_fmadd_ps(dv[h], ya[r][h], y[r][h]);
+            }
+        }
+    }
+    for r in 0..M {
+        let mut sums = [0.0f32; QPANEL];
+        _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
+        _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
+        store(job, i0 + r, p, &sums);
+    }
+}
+
 /// Sixteen f16s at `at` as two vectors of 8 f32s (rows 0-7, 8-15).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -328,21 +492,51 @@ pub(super) unsafe fn q4k_scale_bytes(blk: *const u8, t: usize, s: usize) -> (__m
     (sc, mc)
 }
 
+/// Q4K sub-block `s` (of `t`) of the super-block at `blk`: each row's 6-bit scale in both i16 halves
+/// of its lane (rows 0-7, rows 8-15), for `vpmaddwd`; and `dmin * mc` per row as f32 (`mv` = dmin).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q4k_scales(
+    blk: *const u8,
+    t: usize,
+    s: usize,
+    mv: [__m256; 2],
+) -> ([__m256i; 2], [__m256; 2]) {
+    let (sc, mc) = q4k_scale_bytes(blk, t, s);
+    let scp = [
+        _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc, sc)),
+        _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sc, sc)),
+    ];
+    let mcf = bytes_f32(mc, false);
+    (
+        scp,
+        [_mm256_mul_ps(mv[0], mcf[0]), _mm256_mul_ps(mv[1], mcf[1])],
+    )
+}
+
 /// # Safety
 /// The CPU supports the tier; `job` satisfies `quant_linear`'s contract; no other thread writes the
 /// columns of `panels`.
 pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
+    let (sup, q4k) = (job.w.format.is_super(), job.w.format == Format::Q4K);
     assert!(
         job.w.format != Format::Q8 || job.acts.fine.len() >= job.m * job.w.k(),
         "quant avx2: Q8 needs the activations this tier quantized (their i16 fine codes)"
     );
+    if sup && job.m >= super::avx2_rows::MIN_ROWS {
+        return super::avx2_rows::panels(job, panels);
+    }
     for p in panels {
         let mut i0 = 0;
         while i0 < job.m {
             let m = (job.m - i0).min(MR);
-            match m {
-                1 => tile::<1>(job, p, i0),
-                _ => tile::<2>(job, p, i0),
+            match (m, sup, q4k) {
+                (1, _, true) => tile_q4k::<1>(job, p, i0),
+                (_, _, true) => tile_q4k::<2>(job, p, i0),
+                (1, false, _) => tile::<1>(job, p, i0),
+                (_, false, _) => tile::<2>(job, p, i0),
+                (1, true, _) => tile_super::<1>(job, p, i0),
+                (_, true, _) => tile_super::<2>(job, p, i0),
             }
             i0 += m;
         }

@@ -1,20 +1,27 @@
-//! The super-block formats' linear (Q4K, Q6K; layout in `kblock`) over activations quantized per 256
-//! values (`acts::quantize_super`): integer sums across a whole super-block, one float epilogue per
-//! super-block, row and output. One driver (`run`) for every tier; a tier brings its header unpacking,
-//! its code unpacking and its row tiles (`Kernels`).
+//! The super-block formats' linear (Q4K, Q6K; layout in `kblock`) over activations quantized per 32
+//! values (`quantize_block`): one driver (`run`) for every tier; a tier brings its header unpacking, its
+//! code unpacking and its row tiles (`Kernels`).
 //!
-//! Numerical contract, for activation row i, output j and super-block b of t sub-blocks (dx the
-//! activations' scale of that super-block, q their codes, bsum_s the sum of sub-block s's codes; d, dmin,
-//! sc_s, mc_s the weights' scales):
-//! - Q4K: A = sum_s sc_s * dot(c_s, q_s), B = sum_s mc_s * bsum_s (exact i32 sums: |A| <= 8 * 63 * 32 *
-//!   15 * 127 < 2^25), then `y = fma(dx, fma(d, f32(A), -(dmin * f32(B))), y)`.
-//! - Q6K (codes u = c + 32 stored unsigned): A = sum_s sc_s * dot(u_s, q_s), B = sum_s sc_s * bsum_s, C =
-//!   A - 32 B (exact: |C| < 2^29), then `y = fma(dx, d * f32(C), y)`.
+//! Numerical contract, for activation row i, output j and sub-block s (dx, sx the activations' scale
+//! and code sum there, q their codes; ds = d * sc and dm = dmin * mc the weights' sub-block scale and
+//! min, exact in f32: an f16 times an integer below 2^8):
+//! - Q4K: dot = sum c * q (exact i32), `y = fma(fma(ds, f32(dot), -(dm * sx)), dx, y)`;
+//! - Q6K (codes u = c + 32 stored unsigned): dot = sum u * q, `y = fma(ds, (f32(dot) - 32 sx) * dx, y)`
+//!   (`f32(dot) - 32 sx` exact: integers below 2^24).
 //!
-//! y starts at zero, takes the super-blocks in k order, then the bias. Every operation is an exact
-//! integer sum or one correctly rounded float operation in a fixed order, so every tier, every tile
-//! shape and every split across threads gives the same bits as the scalar reference (`generic::tile`):
-//! a row's result never depends on the rows beside it (the server's exactness).
+//! y starts at zero, takes the sub-blocks in k order, then the bias. Every step is an exact integer sum
+//! or one correctly rounded float operation in a fixed order, so every tier, every tile shape and every
+//! split across threads gives the same bits as the scalar reference (`generic::tile`): a row's result
+//! never depends on the rows beside it (the server's exactness).
+//!
+//! The scalar, AVX-512 VNNI and AVX-VNNI tiers run this path. The AVX2 tier keeps its own tiles
+//! (`quant/avx2.rs`, `quant/avx2_rows.rs`), whose Q4K order (the integer scale inside the widening
+//! `vpmaddwd`, d once per super-block) measured 10-25 % faster on AVX2 than this contract's.
+//!
+//! Why not one activation scale per 256 values with integer sums across the super-block (llama.cpp's
+//! Q8_K; two fewer float operations per sub-block and row): measured with the quality tool (20 chunks of
+//! real text), int4 cost +3.07 % perplexity on the real SmolLM2-135M (+1.99 % per 32) and +14.25 % on the
+//! real Gemma 3 270M (+13.26 %), past issue 30's +0.1 percentage point bar (BENCHMARKS.md).
 //!
 //! The driver walks a task's panels in groups of `Kernels::panels` (1 below `Kernels::min_rows` rows),
 //! super-block by super-block. From `min_rows` rows each panel's super-block is unpacked once into L1,
@@ -25,12 +32,10 @@
 
 use std::ops::Range;
 
-use super::kblock::{heads, sub_ints, super_bytes, Layout, SUBS, SUPER};
+use super::kblock::{sub_scales, super_bytes, Layout, SUBS, SUPER};
 use super::{store, Format, Job, QPANEL, QSUB};
 use crate::scratch::with_scratch;
 
-#[cfg(target_arch = "x86_64")]
-pub(super) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
 pub(super) mod generic;
@@ -44,17 +49,10 @@ pub(super) mod vnni;
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Hdr {
-    /// The 16 rows' super-block scales.
-    pub d: [f32; QPANEL],
-    /// The 16 rows' min scales (Q6K: zero).
-    pub dmin: [f32; QPANEL],
-    /// Sub-block s's scale per row, as i32 (Q6K: signed); sub-blocks past t are zero.
-    pub sc: [[i32; QPANEL]; SUBS],
-    /// The same scale twice per lane, as two i16 (`vpmaddwd`'s form).
-    pub sc2: [[i32; QPANEL]; SUBS],
-    /// Pair j of the B sums' weights per row, as two i16 (sub-blocks 2j and 2j + 1): Q4K's mins, Q6K's
-    /// scales; zero past t.
-    pub pairs: [[i32; QPANEL]; SUBS / 2],
+    /// Sub-block s's d * sc per row (sub-blocks past t are zero).
+    pub ds: [[f32; QPANEL]; SUBS],
+    /// Sub-block s's dmin * mc per row (Q6K: zero).
+    pub dm: [[f32; QPANEL]; SUBS],
 }
 
 /// Bytes of a `Hdr`.
@@ -63,15 +61,16 @@ pub(crate) const HDR_BYTES: usize = std::mem::size_of::<Hdr>();
 /// + 4 r` (the order `vpdpbusd` and `vpmaddubsw` read a broadcast of 4 activation codes against).
 pub(crate) const CODES_BYTES: usize = SUBS * 8 * 64;
 
-/// What a row tile computes: rows `i0..` (as many as it takes) against `panels` panels' super-block `b`
-/// of `t` sub-blocks, adding into y.
+/// What a row tile computes: rows `i0..` (as many as it takes) against `panels` panels over super-blocks
+/// `blocks`, adding into y (one super-block at a time from unpacked codes; a panel's whole row from packed
+/// bytes, y in registers throughout).
 pub(crate) struct Tile<'a> {
     pub job: &'a Job<'a>,
-    pub b: usize,
-    pub t: usize,
+    pub lay: Layout,
+    pub blocks: Range<usize>,
     /// `panels` unpacked headers, one after another (unpacked codes only).
     pub hdr: *const Hdr,
-    /// Panel 0's packed super-block, or its unpacked codes (`CODES_BYTES`).
+    /// Panel 0's packed super-block 0, or its unpacked codes (`CODES_BYTES`).
     pub src: *const u8,
     /// Bytes from one panel's codes to the next.
     pub stride: usize,
@@ -92,24 +91,51 @@ impl Tile<'_> {
         self.end - self.i0
     }
 
-    /// Row i0 + r's codes of this super-block.
+    /// Panel 0's bytes of super-block b: its packed super-block, or the unpacked codes.
     #[inline(always)]
-    pub unsafe fn x(&self, r: usize) -> *const i8 {
-        let k = self.job.w.k();
-        self.job
-            .acts
-            .q
-            .as_ptr()
-            .add((self.i0 + r) * k + self.b * SUPER)
+    pub unsafe fn block(&self, b: usize) -> *const u8 {
+        if self.packed {
+            self.src.add(self.lay.at(0, b))
+        } else {
+            self.src
+        }
     }
 
-    /// Row i0 + r's scale and sub-block sums of this super-block.
+    /// Row i0 + r's codes of super-block b.
     #[inline(always)]
-    pub unsafe fn scale_sums(&self, r: usize) -> (f32, *const i16) {
-        let nsb = self.job.w.k().div_ceil(SUPER);
-        let at = (self.i0 + r) * nsb + self.b;
+    pub unsafe fn x(&self, r: usize, b: usize) -> *const i8 {
+        let k = self.job.w.k();
+        self.job.acts.q.as_ptr().add((self.i0 + r) * k + b * SUPER)
+    }
+
+    /// Row i0 + r's activation scale and code sum of sub-block s of super-block b.
+    #[inline(always)]
+    pub unsafe fn scale_sum(&self, r: usize, b: usize, s: usize) -> (f32, f32) {
+        let nsub = self.job.w.k() / QSUB;
+        let at = (self.i0 + r) * nsub + b * SUBS + s;
         let a = self.job.acts;
-        (*a.sd.as_ptr().add(at), a.bsums.as_ptr().add(at * SUBS))
+        (*a.d.as_ptr().add(at), *a.s.as_ptr().add(at))
+    }
+
+    /// For a tile on packed bytes, before sub-block s of super-block b (of t sub-blocks): prefetches, in
+    /// every panel, the bytes one full super-block after this sub-block's codes (and before the first,
+    /// after the header): the next super-block's, or past a short last one the next panel's. Decode steps
+    /// stream their weights through here, a few lines at a time (a whole super-block's lines at once, and
+    /// any arithmetic per prefetch, measured slower).
+    #[inline(always)]
+    pub unsafe fn prefetch_next(&self, b: usize, s: usize, t: usize) {
+        let f = self.job.w.format;
+        let full = f.block_bytes();
+        let lines = if f == Format::Q4K { 4 } else { 6 };
+        for p in 0..self.panels {
+            let blk = self.block(b).wrapping_add(p * self.stride);
+            // Past the matrix's end harmless hints (wrapping_add: no pointer arithmetic past it).
+            if s == 0 {
+                prefetch(blk.wrapping_add(full), 4 * 64);
+            }
+            let cp = blk.wrapping_add(Layout::codes_at(f, t, s) + full);
+            prefetch(cp, lines * 64);
+        }
     }
 }
 
@@ -121,7 +147,6 @@ pub(crate) type TileFn = unsafe fn(&Tile<'_>) -> usize;
 
 /// A tier's part of the path.
 pub(crate) struct Kernels {
-    pub quantize: super::acts::SuperQuantizeFn,
     pub header: HeaderFn,
     pub codes: CodesFn,
     pub tile: TileFn,
@@ -153,6 +178,8 @@ pub(crate) unsafe fn run(kernels: &Kernels, job: &Job<'_>, panels: Range<usize>)
         let (head, y) = buf.split_at_mut(hdr_floats + code_floats);
         let hdr = head.as_mut_ptr().cast::<Hdr>();
         let ubuf = head.as_mut_ptr().add(hdr_floats).cast::<u8>();
+        // y through one raw pointer: the tiles write it, the stores below read it.
+        let yp = y.as_mut_ptr();
         let data = w.data().as_ptr();
         // Row blocks outermost: a block's activations stay in L2 while every panel reads them (a
         // prompt's whole activations do not), and its output rows are written panel after panel.
@@ -161,32 +188,14 @@ pub(crate) unsafe fn run(kernels: &Kernels, job: &Job<'_>, panels: Range<usize>)
             let mut p0 = panels.start;
             while p0 < panels.end {
                 let np = pmax.min(panels.end - p0);
-                y.fill(0.0);
-                for b in 0..lay.blocks() {
-                    let t = lay.subs(b);
-                    for j in 0..np {
-                        let blk = data.add(lay.at(p0 + j, b));
-                        if unpack {
-                            (kernels.header)(f, blk, t, hdr.add(j));
-                            (kernels.codes)(f, blk, t, ubuf.add(j * CODES_BYTES));
-                        }
-                        // The bytes after this super-block (the panel's next one, or the next panel's
-                        // first), fetched while the rows compute: decode steps stream their weights
-                        // through here. Past the matrix's end they are harmless hints (wrapping_add:
-                        // no pointer past it).
-                        prefetch(blk.wrapping_add(super_bytes(f, t)), f.block_bytes());
-                    }
-                    let (src, stride) = if unpack {
-                        (ubuf.cast_const(), CODES_BYTES)
-                    } else {
-                        (data.add(lay.at(p0, b)), lay.panel_bytes)
-                    };
+                std::ptr::write_bytes(yp, 0, rows.len() * ystride);
+                let tiles = |blocks: Range<usize>, src: *const u8, stride: usize| {
                     let mut i0 = rows.start;
                     while i0 < rows.end {
                         let tile = Tile {
                             job,
-                            b,
-                            t,
+                            lay,
+                            blocks: blocks.clone(),
                             hdr,
                             src,
                             stride,
@@ -194,16 +203,32 @@ pub(crate) unsafe fn run(kernels: &Kernels, job: &Job<'_>, panels: Range<usize>)
                             panels: np,
                             i0,
                             end: rows.end,
-                            y: y.as_mut_ptr().add((i0 - r0) * ystride),
+                            y: yp.add((i0 - r0) * ystride),
                             ystride,
                         };
                         i0 += (kernels.tile)(&tile);
                     }
+                };
+                if unpack {
+                    for b in 0..lay.blocks() {
+                        let t = lay.subs(b);
+                        for j in 0..np {
+                            let blk = data.add(lay.at(p0 + j, b));
+                            (kernels.header)(f, blk, t, hdr.add(j));
+                            (kernels.codes)(f, blk, t, ubuf.add(j * CODES_BYTES));
+                            // The next super-block, fetched while the rows compute on this one.
+                            prefetch(blk.wrapping_add(super_bytes(f, t)), f.block_bytes());
+                        }
+                        tiles(b..b + 1, ubuf, CODES_BYTES);
+                    }
+                } else {
+                    // Few rows: each tile reads the packed panel whole (y in registers throughout).
+                    tiles(0..lay.blocks(), data.add(lay.at(p0, 0)), lay.panel_bytes);
                 }
                 for i in rows.clone() {
                     for j in 0..np {
-                        let at = (i - r0) * ystride + j * QPANEL;
-                        store(job, i, p0 + j, y[at..at + QPANEL].try_into().unwrap());
+                        let at = yp.add((i - r0) * ystride + j * QPANEL);
+                        store(job, i, p0 + j, &*at.cast::<[f32; QPANEL]>());
                     }
                 }
                 p0 += np;
@@ -221,7 +246,7 @@ fn row_block(k: usize) -> usize {
 
 /// Prefetches `bytes` from `at` into L1 (a hint; no-op off x86-64).
 #[inline(always)]
-fn prefetch(at: *const u8, bytes: usize) {
+pub(crate) fn prefetch(at: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     for line in 0..bytes.div_ceil(64) {
         // SAFETY: a prefetch is a hint that never faults, whatever the address.
@@ -253,33 +278,15 @@ pub(crate) fn unpacked_panels_run() -> usize {
 pub(crate) unsafe fn header_ref(f: Format, blk: *const u8, t: usize, h: *mut Hdr) {
     let blk = std::slice::from_raw_parts(blk, super_bytes(f, t));
     let mut o = Hdr {
-        d: [0.0; QPANEL],
-        dmin: [0.0; QPANEL],
-        sc: [[0; QPANEL]; SUBS],
-        sc2: [[0; QPANEL]; SUBS],
-        pairs: [[0; QPANEL]; SUBS / 2],
+        ds: [[0.0; QPANEL]; SUBS],
+        dm: [[0.0; QPANEL]; SUBS],
     };
     for r in 0..QPANEL {
-        (o.d[r], o.dmin[r]) = heads(f, blk, r);
-        let mut m = [0i32; SUBS];
-        #[allow(clippy::needless_range_loop)] // s indexes the header's rows and m alike
         for s in 0..t {
-            let (sc, mc) = sub_ints(f, blk, t, s, r);
-            o.sc[s][r] = sc;
-            o.sc2[s][r] = pair(sc, sc);
-            m[s] = if f == Format::Q4K { mc } else { sc };
-        }
-        for j in 0..SUBS / 2 {
-            o.pairs[j][r] = pair(m[2 * j], m[2 * j + 1]);
+            (o.ds[s][r], o.dm[s][r]) = sub_scales(f, blk, t, s, r);
         }
     }
     h.write(o);
-}
-
-/// Two i16 values in one i32 lane, `lo` in the low half (as `vpmaddwd` reads a lane).
-#[inline]
-pub(crate) fn pair(lo: i32, hi: i32) -> i32 {
-    (lo as i16 as u16 as u32 | ((hi as i16 as u16 as u32) << 16)) as i32
 }
 
 /// The codes of a packed super-block as whole bytes in the unpacked layout (`CODES_BYTES`), from

@@ -1,7 +1,6 @@
 //! AVX-512 VNNI row tiles of the super-block path: `vpdpbusd` multiplies 4 unsigned codes by a broadcast of
 //! 4 signed activation codes into the i32 lane of each of a panel's 16 rows; a sub-block's 8 of them make
-//! its exact dot product, which `vpmulld` scales by the row's sub-block scale into the super-block's i32
-//! sum (A); the B sums take 4 `vpdpwssd` per super-block. The float epilogue runs once per super-block.
+//! its exact dot product, then the contract's float epilogue (4 operations per row and panel).
 //!
 //! Tiles: a decode step's rows (below `min_rows`) read the packed codes, up to 8 rows at a time; from
 //! `min_rows` rows the unpacked codes, 6 rows x 2 panels (12 sums in flight, each activation broadcast
@@ -10,23 +9,22 @@
 
 use std::arch::x86_64::*;
 
-use super::{x86, Hdr, Kernels, Tile};
+use super::{x86, Kernels, Tile};
 use crate::quant::avx2::q4k_scale_bytes;
 use crate::quant::kblock::Layout;
 use crate::quant::Format;
 
 pub(crate) static KERNELS: Kernels = Kernels {
-    quantize: x86::quantize_super,
     header: x86::header,
     codes: x86::codes,
     tile,
-    min_rows: 6,
-    panels: 1,
+    min_rows: 24,
+    panels: 2,
 };
 
-/// Rows per tile reading packed codes, and per tile of the 2-panel unpacked groups.
+/// Rows per tile reading packed codes, and per tile of unpacked codes.
 const MR_PACKED: usize = 8;
-const MR: usize = 8;
+const MR: usize = 6;
 
 /// Q6K's high bits of code vector `v` moved to bits 4-5 of each byte: vector v's bits are `2 (v % 4)` of
 /// its byte; 16-bit shifts move the neighbouring byte's bits only into positions the 0x30 mask drops.
@@ -75,93 +73,109 @@ unsafe fn bx(p: *const i8) -> __m512i {
     _mm512_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 
-/// Sub-block `s` of the packed super-block at `blk` (of `t`): the 16 rows' scale, and B's weight (Q4K's
-/// min, Q6K's scale again), as i32 lanes.
+/// Sub-block `s` of the packed super-block at `blk` (of `t`): the 16 rows' `d * sc` and `dmin * mc`
+/// (Q6K: 0), given their d and dmin; exact products, as `kblock::sub_scales`.
 #[inline(always)]
-unsafe fn packed_scales<const Q6: bool>(blk: *const u8, t: usize, s: usize) -> (__m512i, __m512i) {
+unsafe fn packed_scales<const Q6: bool>(
+    blk: *const u8,
+    t: usize,
+    s: usize,
+    d: __m512,
+    dmin: __m512,
+) -> (__m512, __m512) {
+    let f32s = |v: __m512i| _mm512_cvtepi32_ps(v);
     if Q6 {
         let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * s).cast()));
-        (sc, sc)
+        (_mm512_mul_ps(d, f32s(sc)), _mm512_setzero_ps())
     } else {
         let (sc, mc) = q4k_scale_bytes(blk, t, s);
-        (_mm512_cvtepu8_epi32(sc), _mm512_cvtepu8_epi32(mc))
+        (
+            _mm512_mul_ps(d, f32s(_mm512_cvtepu8_epi32(sc))),
+            _mm512_mul_ps(dmin, f32s(_mm512_cvtepu8_epi32(mc))),
+        )
     }
 }
 
-/// Rows i0..i0 + M against P panels over one super-block, y updated in place. Packed: scales read from
-/// the packed bytes per sub-block, B summed per sub-block (`vpdpwssd` of the i32 weight, whose high half
-/// meets a zero, by the sum); unpacked: from the headers, B from their pairs at the end.
+/// Rows i0..i0 + M against P panels over the tile's super-blocks, y carried in registers throughout.
+/// Packed: the scales from the packed bytes per sub-block; unpacked: from the headers.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
-#[allow(clippy::needless_range_loop)] // isum[r][p], acc[r][p] are register tiles indexed by constant bounds
+#[allow(clippy::needless_range_loop)] // y[r][p], acc[r][p] are register tiles indexed by constant bounds
 unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const Q6: bool>(t: &Tile<'_>) {
-    let hdr = |p: usize| &*t.hdr.add(p);
-    let src = |p: usize| t.src.add(p * t.stride);
-    let mut isum = [[_mm512_setzero_si512(); P]; M];
-    let mut bm = [[_mm512_setzero_si512(); P]; M];
-    for s in 0..t.t {
-        let mut acc = [[_mm512_setzero_si512(); P]; M];
-        for v in 0..8 {
-            let mut w = [_mm512_setzero_si512(); P];
+    let mut y = [[_mm512_setzero_ps(); P]; M];
+    for r in 0..M {
+        for p in 0..P {
+            y[r][p] = _mm512_loadu_ps(t.y.add(r * t.ystride + 16 * p));
+        }
+    }
+    for b in t.blocks.clone() {
+        let (tt, base) = (t.lay.subs(b), t.block(b));
+        let src = |p: usize| base.add(p * t.stride);
+        let mut xs = [std::ptr::null::<i8>(); M];
+        for (r, x) in xs.iter_mut().enumerate() {
+            *x = t.x(r, b);
+        }
+        // Packed: each panel's d and dmin, widened once per super-block; the next one fetched.
+        let mut dv = [_mm512_setzero_ps(); P];
+        let mut mv = [_mm512_setzero_ps(); P];
+        if PACKED {
             for p in 0..P {
-                w[p] = codes::<PACKED, Q6>(src(p), t.t, s, v);
-            }
-            for r in 0..M {
-                let xb = bx(t.x(r).add(s * 32 + 4 * v));
-                for p in 0..P {
-                    acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], w[p], xb);
+                dv[p] = _mm512_cvtph_ps(_mm256_loadu_si256(src(p).cast()));
+                if !Q6 {
+                    mv[p] = _mm512_cvtph_ps(_mm256_loadu_si256(src(p).add(32).cast()));
                 }
             }
         }
-        for p in 0..P {
-            let (sc, mw) = if PACKED {
-                packed_scales::<Q6>(src(p), t.t, s)
-            } else {
-                let sc = _mm512_load_si512(hdr(p).sc[s].as_ptr().cast());
-                (sc, sc)
-            };
-            for r in 0..M {
-                isum[r][p] = _mm512_add_epi32(isum[r][p], _mm512_mullo_epi32(acc[r][p], sc));
-                if PACKED {
-                    let sum = *t.scale_sums(r).1.add(s) as u16 as i32;
-                    bm[r][p] = _mm512_dpwssd_epi32(bm[r][p], mw, _mm512_set1_epi32(sum));
+        for s in 0..tt {
+            if PACKED {
+                t.prefetch_next(b, s, tt);
+            }
+            // Two chains per row and panel (even and odd groups of 4 k, the two nibbles of a packed group),
+            // as the earlier 8-row tiles: the broadcasts stay memory operands of `vpdpbusd` (with one
+            // chain LLVM hoisted an 8-row tile's 64 broadcasts into registers and spilled them).
+            let mut acc = [[_mm512_setzero_si512(); P]; M];
+            let mut acc2 = [[_mm512_setzero_si512(); P]; M];
+            for g in 0..4 {
+                let mut lo = [_mm512_setzero_si512(); P];
+                let mut hi = [_mm512_setzero_si512(); P];
+                for p in 0..P {
+                    lo[p] = codes::<PACKED, Q6>(src(p), tt, s, 2 * g);
+                    hi[p] = codes::<PACKED, Q6>(src(p), tt, s, 2 * g + 1);
+                }
+                for r in 0..M {
+                    let xr = xs[r].add(s * 32 + 8 * g);
+                    for p in 0..P {
+                        acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], lo[p], bx(xr));
+                        acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], hi[p], bx(xr.add(4)));
+                    }
+                }
+            }
+            for p in 0..P {
+                let (ds, dm) = if PACKED {
+                    packed_scales::<Q6>(src(p), tt, s, dv[p], mv[p])
+                } else {
+                    let h = &*t.hdr.add(p);
+                    (
+                        _mm512_load_ps(h.ds[s].as_ptr()),
+                        _mm512_load_ps(h.dm[s].as_ptr()),
+                    )
+                };
+                for r in 0..M {
+                    let (dx, sx) = t.scale_sum(r, b, s);
+                    let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r][p], acc2[r][p]));
+                    y[r][p] = if Q6 {
+                        let c = _mm512_sub_ps(dot, _mm512_set1_ps(32.0 * sx));
+                        _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y[r][p])
+                    } else {
+                        let v = _mm512_fmsub_ps(ds, dot, _mm512_mul_ps(dm, _mm512_set1_ps(sx)));
+                        _mm512_fmadd_ps(v, _mm512_set1_ps(dx), y[r][p])
+                    };
                 }
             }
         }
     }
-    let pairs = t.t.div_ceil(2);
     for r in 0..M {
-        let (dx, bs) = t.scale_sums(r);
-        let dxv = _mm512_set1_ps(dx);
         for p in 0..P {
-            let (d, dmin) = if PACKED {
-                let h = |o: usize| _mm512_cvtph_ps(_mm256_loadu_si256(src(p).add(o).cast()));
-                (h(0), if Q6 { _mm512_setzero_ps() } else { h(32) })
-            } else {
-                let hd: &Hdr = hdr(p);
-                for j in 0..pairs {
-                    let bj = _mm512_set1_epi32(bs.add(2 * j).cast::<i32>().read_unaligned());
-                    let wj = _mm512_load_si512(hd.pairs[j].as_ptr().cast());
-                    bm[r][p] = _mm512_dpwssd_epi32(bm[r][p], wj, bj);
-                }
-                (
-                    _mm512_load_ps(hd.d.as_ptr()),
-                    _mm512_load_ps(hd.dmin.as_ptr()),
-                )
-            };
-            let yp = t.y.add(r * t.ystride + 16 * p);
-            let y = if Q6 {
-                let c = _mm512_sub_epi32(isum[r][p], _mm512_slli_epi32::<5>(bm[r][p]));
-                _mm512_fmadd_ps(
-                    dxv,
-                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(c)),
-                    _mm512_loadu_ps(yp),
-                )
-            } else {
-                let m = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(bm[r][p]));
-                let v = _mm512_fmsub_ps(d, _mm512_cvtepi32_ps(isum[r][p]), m);
-                _mm512_fmadd_ps(dxv, v, _mm512_loadu_ps(yp))
-            };
-            _mm512_storeu_ps(yp, y);
+            _mm512_storeu_ps(t.y.add(r * t.ystride + 16 * p), y[r][p]);
         }
     }
 }
@@ -206,8 +220,6 @@ unsafe fn tile(t: &Tile<'_>) -> usize {
         (_, 3) => go!(3, 1, false),
         (_, 4) => go!(4, 1, false),
         (_, 5) => go!(5, 1, false),
-        (_, 6) => go!(6, 1, false),
-        (_, 7) => go!(7, 1, false),
-        (_, _) => go!(8, 1, false),
+        (_, _) => go!(6, 1, false),
     }
 }
