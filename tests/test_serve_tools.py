@@ -125,6 +125,25 @@ def test_forced_call_whose_schema_has_definitions(client: openai.OpenAI) -> None
     assert set(json.loads(call.function.arguments)["where"]) <= {"city", "country"}
 
 
+def test_forced_call_whose_schema_refers_to_its_own_root(client: openai.OpenAI) -> None:
+    # A recursive schema ($ref "#", as response_format takes it at the root): the function's parameters move
+    # under $defs so that the reference still means them inside the call's schema.
+    params = {"type": "object", "properties": {"label": {"enum": ["a", "b"]},
+              "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1},
+              "same": {"$ref": "#/properties/label"}}, "required": ["label", "kids", "same"]}  # fmt: skip
+    tool = {"type": "function", "function": {"name": "tree", "parameters": params}}
+    finished = 0
+    for seed in range(4):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[tool], tool_choice="required",
+                                           temperature=1.0, seed=seed, max_tokens=300)  # fmt: skip
+        c = r.choices[0]
+        if c.finish_reason == "length":  # (random weights may nest until max_tokens: the call is then unfinished)
+            continue
+        jsonschema.validate(json.loads(c.message.tool_calls[0].function.arguments), params)
+        finished += 1
+    assert finished, "no sampled call finished within 300 tokens"
+
+
 def test_required_call_with_two_functions_defining_the_same_name(client: openai.OpenAI) -> None:
     def tool(name: str, item: dict[str, Any]) -> dict[str, Any]:
         return {"type": "function", "function": {"name": name, "parameters": {
@@ -226,8 +245,11 @@ def test_bad_tool_requests_are_400s_naming_the_field(server: str) -> None:
             "x": {"type": "string", "pattern": "(?<=a)b"}}}}}], "tool_choice": "required"}, "cannot be", "tools"),
         ({"functions": [{"name": "f"}]}, "send 'tools'", "functions"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-            "x": {"$ref": "#/properties/y"}, "y": {"type": "string"}}}}}], "tool_choice": "required"},
-         "points outside its $defs", "tools"),
+            "x": {"$ref": "other.json#/y"}}}}}], "tool_choice": "required"},
+         "does not point into the schema itself", "tools"),
+        # Issue 35: a function whose parameters are not an object schema is refused, not called as text.
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}],
+          "tool_choice": "required"}, 'parameters must be a JSON Schema of an object (type "object")', "tools"),
     ]  # fmt: skip
     for extra, words, param in bad:
         r = httpx.post(server + "/v1/chat/completions", json={"model": MODEL, "messages": ASK, **extra}, timeout=120)

@@ -23,6 +23,11 @@ def parse(argv: list[str] | None = None) -> ServeOptions:
         raise
 
 
+# Seconds uvicorn waits for connections beyond the grace period: the engine ends what still runs at the
+# grace period's end, and the streams need a moment to send that error and [DONE] before uvicorn cancels them.
+FLUSH_MARGIN = 5
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
@@ -31,8 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     app = create_app(opts)
-    grace = int(opts.shutdown_grace)
-    uvicorn.run(app, host=opts.host, port=opts.port, log_level="info", timeout_graceful_shutdown=grace)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            # The engine's grace period starts with the signal (not after uvicorn's own wait for the
+            # connections, when it would cancel the streams before they could say why they end).
+            app.state.drain()
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    grace = int(opts.shutdown_grace) + FLUSH_MARGIN
+    config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level="info", timeout_graceful_shutdown=grace)
+    Server(config).run()
     return 0
 
 

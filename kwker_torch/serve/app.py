@@ -5,8 +5,13 @@ continuous-batching Engine.
 ``create_app(opts)`` returns the app; its lifespan loads the model and starts the engine at startup, and
 at shutdown lets requests in flight finish for ``opts.shutdown_grace`` seconds before ending the rest.
 Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: a malformed body, a wrong
-type, an empty conversation, a prompt longer than the context or an unenforceable schema is a 400, an
-unknown model a 404, a full queue a 429 with Retry-After, a request past ``--request-timeout`` a 504.
+type, an empty conversation, a prompt longer than the context or an unenforceable schema is a 400, a body
+past ``--max-body`` a 413 (limits.py), an unknown model a 404, a full queue a 429 with Retry-After, a
+request past ``--request-timeout`` a 504. Tokenizing and template rendering run off the event loop, after a
+character count that refuses text no context could hold, so one large request cannot stall the others.
+``app.state.drain()`` starts the engine's graceful shutdown at once (``python -m kwker_torch.serve`` calls it
+on SIGTERM, so requests still running when the grace period ends get their error before the server closes
+their connections).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +35,7 @@ from . import tools
 from .engine import Closed, Engine, QueueFull
 from .flight import Flight, chat_logprobs, new_id, text_logprobs
 from .grammar import GrammarError, Grammars
+from .limits import BodyLimit, text_fits
 from .metrics import Metrics
 from .options import ServeOptions, load_model
 from .page import add_page
@@ -84,7 +91,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         top = loc[0] if loc else None  # the request field (not pydantic's path into a union's branch)
         if err.get("type") == "json_invalid":
-            return f"the request body is not valid JSON: {err.get('msg')}", None
+            return f"the request body is not valid JSON: {err.get('msg')}", "body"
         where = ".".join(loc) or "body"
         param = param or top
         parts.append(f"{where}: {err.get('msg')}")
@@ -108,7 +115,18 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             await asyncio.to_thread(state["engine"].shutdown, opts.shutdown_grace)
 
     app = FastAPI(title="kwker", description="OpenAI-compatible API over kwker's native decoder", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=opts.max_body)
     add_page(app)  # the chat page at /
+    draining = threading.Lock()
+
+    def drain() -> None:
+        """Starts the engine's graceful shutdown (once) on a thread of its own: no new requests; those in
+        flight run for ``shutdown_grace`` seconds, then end with an error event or a 503."""
+        e = state["engine"]
+        if e is not None and draining.acquire(blocking=False):
+            threading.Thread(target=e.shutdown, args=(opts.shutdown_grace,), name="kwker-drain", daemon=True).start()
+
+    app.state.drain = drain
 
     def eng() -> Engine:
         e = state["engine"]
@@ -133,6 +151,9 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # (FastAPI's own parse failure, e.g. JSON nested past the parser's depth)
+            message = f"the request body cannot be parsed ({exc.detail}): send JSON nested at most a few hundred deep"
+            return _err(ApiError(400, message, "body"))
         return _err(ApiError(exc.status_code, str(exc.detail), kind="invalid_request_error"))
 
     @app.get("/health")
@@ -359,10 +380,22 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         finally:
             flight.cancel()  # (a no-op when all choices finished; frees the slots when the client left)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
-        check_model(body.model)
-        e = eng()
+    def too_long(e: Engine, chars: int, field: str) -> None:
+        """A 400 at once for text no context could hold (limits.py), before anything tokenizes it."""
+        if not text_fits(chars, e.dec.max_context, e.tok):
+            raise ApiError(400, f"This model's maximum context length is {e.dec.max_context} tokens; the {field} has "
+                           f"{chars} characters, more than that many tokens could hold. Shorten it.", field,
+                           "context_length_exceeded")  # fmt: skip
+
+    def tokenize(e: Engine, text: str, field: str, special: bool = True) -> list[int]:
+        try:
+            return list(e.tok(text, add_special_tokens=special)["input_ids"])
+        except Exception as err:  # noqa: BLE001  (e.g. a lone surrogate: not text a tokenizer can encode)
+            raise ApiError(400, f"the {field} cannot be tokenized ({type(err).__name__}: {err}); send valid "
+                           "Unicode text", field) from err  # fmt: skip
+
+    def render_chat(e: Engine, body: ChatCompletionRequest) -> tuple[ToolPlan | None, Any, list[int]]:
+        """(tool plan, a forced call's schema, prompt ids): the template's work, run off the event loop."""
         try:
             tp = tools.plan(body, e.tok)
             schema = tp.schema(body.tools) if tp is not None and tp.forced else None  # (a forced call's grammar)
@@ -377,7 +410,15 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             raise ApiError(400, f"messages cannot be rendered with the model's chat template: {err}",
                            "messages") from err  # fmt: skip
         if tp is not None and tp.suffix():
-            ids += e.tok(tp.suffix(), add_special_tokens=False)["input_ids"]
+            ids += tokenize(e, tp.suffix(), "messages", special=False)
+        return tp, schema, ids
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
+        check_model(body.model)
+        e = eng()
+        too_long(e, sum(len(m.text()) for m in body.messages), "messages")
+        tp, schema, ids = await asyncio.to_thread(render_chat, e, body)
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs: true", "top_logprobs")
@@ -398,17 +439,25 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             raw = list(p)
         if not raw:
             raise ApiError(400, "prompt is empty: give a string, a list of strings, or token ids", "prompt")
-        prompts, echo = [], []
-        vocab = e.dec.vocab_size
         for item in raw:
-            ids = e.tok(item, add_special_tokens=True)["input_ids"] if isinstance(item, str) else list(item)
-            if not ids:
-                raise ApiError(400, "prompt is empty (it has no tokens): give some text or token ids", "prompt")
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise ApiError(400, f"prompt token id {bad[0]} is out of range: ids must be in [0, {vocab})", "prompt")
-            prompts.append(ids)
-            echo.append(item if isinstance(item, str) else e.tok.decode(ids))
+            too_long(e, len(item) if isinstance(item, str) else 0, "prompt")
+
+        def tokenize_all() -> tuple[list[list[int]], list[str]]:  # (off the event loop: it can take a while)
+            prompts, echo = [], []
+            vocab = e.dec.vocab_size
+            for item in raw:
+                ids = tokenize(e, item, "prompt") if isinstance(item, str) else list(item)
+                if not ids:
+                    raise ApiError(400, "prompt is empty (it has no tokens): give some text or token ids", "prompt")
+                bad = [t for t in ids if not 0 <= t < vocab]
+                if bad:
+                    raise ApiError(400, f"prompt token id {bad[0]} is out of range: ids must be in [0, {vocab})",
+                                   "prompt")  # fmt: skip
+                prompts.append(ids)
+                echo.append(item if isinstance(item, str) else e.tok.decode(ids))
+            return prompts, echo
+
+        prompts, echo = await asyncio.to_thread(tokenize_all)
         top = body.logprobs or 0
         sp = params(e, body, max(len(x) for x in prompts), body.max_tokens, body.logprobs is not None, top, "prompt")
         flight = await start(e, prompts, sp, body)

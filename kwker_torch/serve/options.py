@@ -34,6 +34,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     shutdown_grace: float = 30.0  # seconds in-flight requests may run on after a shutdown signal
+    max_body: int = 4 << 20  # bytes a request body may have; larger ones are answered 413
 
     def check(self) -> ServeOptions:
         if self.precision not in PRECISIONS:
@@ -46,6 +47,8 @@ class ServeOptions:
             raise ValueError(f"--prompt-lookup must be an integer >= 0 (0 = off), got {self.prompt_lookup!r}")
         if not isinstance(self.queue, int) or self.queue < 0:
             raise ValueError(f"--queue must be an integer >= 0, got {self.queue!r}")
+        if not isinstance(self.max_body, int) or self.max_body < 1024:
+            raise ValueError(f"--max-body must be an integer of at least 1024 bytes, got {self.max_body!r}")
         if not self.request_timeout > 0:
             raise ValueError(f"--request-timeout must be > 0 seconds, got {self.request_timeout!r}")
         return self
@@ -73,7 +76,8 @@ FLAG_HELP = {
     "served_name": "model id clients pass as 'model' (default: the model folder's name)",
     "host": "address to listen on",
     "port": "port to listen on",
-    "shutdown_grace": "seconds requests in flight may run on after SIGTERM/SIGINT",
+    "shutdown_grace": "seconds requests in flight may run on after SIGTERM/SIGINT; then they end with an error",
+    "max_body": "bytes a request body may have (default 4 MiB); larger ones are answered 413",
 }
 
 

@@ -108,28 +108,41 @@ class ToolPlan:
 def _hoist(params: dict[str, Any], fn: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A function's parameters nest inside the call's schema, where ``#/$defs/x`` would point at the call's
     root: its definitions move there, renamed ``<function>__x`` (two functions may both define ``x``), and
-    its references follow. Other root references (``#``, ``#/properties/...``) cannot follow: a 400."""
+    its references follow. References to the parameters' own root (``#``, ``#/properties/...``: a recursive
+    schema, which ``response_format`` takes at the root) follow the parameters themselves, moved to
+    ``$defs/<function>__root``. Other references (not into the document) are a 400."""
     moved = {}
     for where in ("$defs", "definitions"):
         for k, v in (params.pop(where, None) or {}).items():
             moved[f"#/{where}/{k}"] = (f"{fn}__{k}", v)
+    root = f"{fn}__root"
+    rooted = False
 
     def fix(x: Any) -> Any:
+        nonlocal rooted
         if isinstance(x, list):
             return [fix(v) for v in x]
         if not isinstance(x, dict):
             return x
         out = {k: fix(v) for k, v in x.items()}
         ref = out.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
             hit = next((p for p in moved if ref == p or ref.startswith(p + "/")), None)
-            if hit is None:
-                raise ToolError(f"tools: function {fn!r}: $ref {ref!r} points outside its $defs / definitions; "
-                                "only references into them are supported")  # fmt: skip
-            out["$ref"] = "#/$defs/" + moved[hit][0] + ref[len(hit) :]
+            if hit is not None:
+                out["$ref"] = "#/$defs/" + moved[hit][0] + ref[len(hit) :]
+            else:
+                out["$ref"] = "#/$defs/" + root + ref[1:]
+                rooted = True
+        elif isinstance(ref, str):
+            raise ToolError(f"tools: function {fn!r}: $ref {ref!r} does not point into the schema itself; only "
+                            "references starting with '#' are supported", "tools")  # fmt: skip
         return out
 
-    return fix(params), {name: fix(v) for name, v in moved.values()}
+    fixed, defs = fix(params), {name: fix(v) for name, v in moved.values()}
+    if rooted:
+        defs[root] = fixed
+        fixed = {"$ref": f"#/$defs/{root}"}
+    return fixed, defs
 
 
 def _closed(schema: Any, close: bool = True) -> Any:
@@ -164,14 +177,20 @@ def plan(body: Any, tok: Any) -> ToolPlan | None:
         return None
     if choice == "none":
         return None
+    names = [t.function.name for t in body.tools]
+    if len(set(names)) != len(names):
+        raise ToolError(f"tools: each function needs its own name; got {names}", "tools")
+    for t in body.tools:
+        params = t.function.parameters
+        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+            # OpenAI's rule: a call's arguments are one JSON object, so its schema must describe an object.
+            raise ToolError(f"tools: function {t.function.name!r}: parameters must be a JSON Schema of an object "
+                            f'(type "object"), got {json.dumps(params)[:200]}', "tools")  # fmt: skip
     syntax = syntax_of(tok)
     if syntax is None:
         raise ToolError("this model's chat template has no tool support (it never renders 'tools'); send the request "
                         "without tools or with tool_choice 'none', or serve a model whose template has tools "
                         "(e.g. Qwen 2.5 / Qwen 3, Llama 3.1+)")  # fmt: skip
-    names = [t.function.name for t in body.tools]
-    if len(set(names)) != len(names):
-        raise ToolError(f"tools: each function needs its own name; got {names}")
     forced = None
     if choice == "required":
         forced = names

@@ -195,7 +195,7 @@ impl Decoder {
             }
             if let Some(&bad) = sq.tokens.iter().find(|&&t| t as usize >= self.recipe.vocab) {
                 return Err(format!(
-                    "token id {bad} is out of range for a vocabulary of {} (ids 0..{})",
+                    "token id {bad} is out of range for a vocabulary of {} (ids must be in [0, {}))",
                     self.recipe.vocab, self.recipe.vocab
                 ));
             }
