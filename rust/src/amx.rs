@@ -19,6 +19,8 @@
 use std::sync::OnceLock;
 
 pub(crate) mod bf16_gemm;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod dpbf16;
 #[cfg(test)]
 pub(crate) mod emu;
 #[cfg(test)]

@@ -4,7 +4,9 @@
 //!
 //! Numerical contract: every y element is an f32 sum of f32 products (bf16 weights are widened
 //! exactly), and the bias is added once, after the full sum. The result of one element does not
-//! depend on the runner or the tiling; tiers differ only in summation order.
+//! depend on the runner or the tiling; tiers differ only in summation order. On AMX and AVX512-BF16
+//! CPUs, 32+ rows of bf16 weights run on bf16 products (`amx::bf16_gemm`: exact, float32 sums), whose
+//! instructions read denormal inputs as zero and flush denormal sums (below 1.2e-38).
 
 mod generic;
 
@@ -25,7 +27,7 @@ use std::ops::Range;
 pub(crate) use generic::dot as generic_dot;
 
 #[cfg(target_arch = "x86_64")]
-use crate::amx::bf16_gemm;
+use crate::amx::{bf16_gemm, dpbf16};
 use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
 
@@ -143,6 +145,28 @@ pub fn linear(
             return;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Weight::Bf16(wb) = w {
+        // AVX512-BF16 CPUs without AMX: bf16 weights times activations that are bf16 values (a torch bf16
+        // model under install(); float32 ones would need three passes, slower than the FMA GEMM) run
+        // the AMX GEMM on `vdpbf16ps` tiles, twice the multiply-adds of an FMA per instruction.
+        if isa >= Isa::Avx512 && m >= bf16_gemm::MIN_M && dpbf16::usable() && bf16_valued(x) {
+            let g = bf16_gemm::Gemm {
+                x,
+                m,
+                k,
+                w: bf16_gemm::Weights::RowMajor(wb),
+                n,
+                bias,
+                y: SyncPtr(y.as_mut_ptr()),
+            };
+            BF16_DOT_CALLS.with(|c| c.set(c.get() + 1));
+            // SAFETY: AVX-512 (the tier, asserted supported) and AVX512-BF16 (`usable`) are present;
+            // lengths were checked against m, k, n, all non-zero here; y is ours alone.
+            unsafe { bf16_gemm::gemm(par, &g, &dpbf16::Dpbf16::<dpbf16::Real>::new, true) };
+            return;
+        }
+    }
     let t = Tier::of(isa);
     let problem = Problem {
         x,
@@ -192,6 +216,31 @@ pub fn linear(
         }
     };
     run_tasks(par, tiles.len(), &task);
+}
+
+/// Whether every value of x is a bf16 value (its low 16 bits zero): activations a bf16 model produced.
+fn bf16_valued(x: &[f32]) -> bool {
+    // Blocks of 64 fold without a branch (vectorised); the first float32 block decides for most inputs.
+    x.chunks(64)
+        .all(|c| c.iter().fold(0u32, |a, v| a | (v.to_bits() & 0xffff)) == 0)
+}
+
+thread_local! {
+    /// Calls this thread ran on `vdpbf16ps` tiles (tests prove the path ran with it).
+    static BF16_DOT_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Calls of `linear` the calling thread has run on AVX512-BF16 `vdpbf16ps` tiles.
+pub fn bf16_dot_calls() -> usize {
+    BF16_DOT_CALLS.with(std::cell::Cell::get)
+}
+
+/// Whether this CPU runs bf16 linears of bf16-valued activations on `vdpbf16ps` (AVX512-BF16, no AMX).
+pub fn bf16_dot_usable() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return dpbf16::usable();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Empty sums (k = 0): every row of y [.., n] is the bias, or zeros.

@@ -12,7 +12,7 @@ mod common;
 use common::Rng;
 use kwker_kernels::bf16::bf16_to_f32;
 use kwker_kernels::isa::{self, Isa};
-use kwker_kernels::linear::{linear, linear_path, Weight};
+use kwker_kernels::linear::{bf16_dot_calls, bf16_dot_usable, linear, linear_path, Weight};
 use kwker_kernels::par::{Parallel, ScopedThreads, Serial};
 
 const TOL_REL: f64 = 1e-5;
@@ -414,4 +414,40 @@ fn amx_tiles_ran_where_the_cpu_has_them() {
         amx[0]
     );
     assert!(amx[n..].iter().chain(&fma[n..]).all(|&v| v == 0.0));
+}
+
+/// On AVX512-BF16 CPUs (without AMX), bf16 weights times bf16-valued activations of 32+ rows run on
+/// `vdpbf16ps` tiles: within float32 summation error of float64 over awkward shapes, the path proven to
+/// run, and float32 activations (not bf16 values) kept on the FMA GEMM. The instruction against its exact
+/// emulation: `amx::bf16_gemm`'s unit tests.
+#[test]
+fn bf16_dot_tiles_ran_for_bf16_activations_where_the_cpu_has_them() {
+    if !bf16_dot_usable() || !Isa::Avx512.is_supported() {
+        eprintln!("skipped: this CPU has no AVX512-BF16 (the emulated instruction is tested in the unit tests)");
+        return;
+    }
+    for &(m, k, n) in &[(32, 64, 32), (33, 65, 65), (70, 576, 96), (40, 1000, 17)] {
+        let mut case = Case::new(m as u64 * 31 + k as u64, m, k, n, true, true);
+        case.x
+            .iter_mut()
+            .for_each(|v| *v = bf16_to_f32(kwker_kernels::bf16::f32_to_bf16(*v)));
+        let before = bf16_dot_calls();
+        let got = case.run(Isa::Avx512, &ScopedThreads(2));
+        assert_eq!(
+            bf16_dot_calls() - before,
+            1,
+            "m{m} k{k} n{n}: not on the vdpbf16ps tiles"
+        );
+        let (want, scale) = case.reference();
+        assert_close(&format!("vdpbf16ps m{m} k{k} n{n}"), &got, &want, &scale);
+        // The same call with float32 activations: the FMA GEMM (three bf16 passes would be slower).
+        let f32_case = Case::new(7, m, k, n, true, true);
+        let before = bf16_dot_calls();
+        f32_case.run(Isa::Avx512, &Serial);
+        assert_eq!(
+            bf16_dot_calls(),
+            before,
+            "float32 activations went to the bf16 tiles"
+        );
+    }
 }
