@@ -823,18 +823,11 @@ pub(crate) unsafe fn store(job: &Job<'_>, i: usize, p: usize, sums: &[f32; QPANE
                 *o = s + bj;
             }
         }
-        // A whole panel as one fixed-size copy (a call to memmove for 16 values cost more than it moved),
-        // element by element for a last partial panel: a variable-length copy here let LLVM merge both
-        // into one memcpy call (8 % of a 512-row Q4K call, `examples/quant_hot`).
+        // A whole panel as one fixed-size copy (a call to memmove for 16 values cost more than it moved).
         None if live == QPANEL => {
             let y: &mut [f32; QPANEL] = y.try_into().unwrap();
             *y = *sums;
         }
-        None => {
-            for (o, &s) in y.iter_mut().zip(sums) {
-                // SAFETY: none needed; volatile-free plain stores, kept as a loop (not a memcpy call).
-                *o = std::hint::black_box(s);
-            }
-        }
+        None => y.copy_from_slice(&sums[..live]),
     }
 }

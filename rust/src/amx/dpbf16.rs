@@ -118,13 +118,11 @@ unsafe fn half<const HIGH: bool>(v: __m512i) -> __m512 {
     } else {
         _mm512_slli_epi32::<16>(v)
     };
-    // Exponent zero: a denormal (or zero) reads as a zero of the same sign.
-    let denormal = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f80_0000));
-    let signed_zero = _mm512_and_si512(bits, _mm512_set1_epi32(0x8000_0000u32 as i32));
-    _mm512_castsi512_ps(_mm512_mask_mov_epi32(bits, denormal, signed_zero))
+    // A denormal input reads as a zero of the same sign: the flush of results, applied to it.
+    ftz(_mm512_castsi512_ps(bits))
 }
 
-/// Denormal results flushed to zero of the same sign.
+/// Denormals (exponent zero) flushed to zero of the same sign.
 #[cfg(test)]
 #[target_feature(enable = "avx512f")]
 #[inline]

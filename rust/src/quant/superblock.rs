@@ -19,16 +19,17 @@
 //! `vpmaddwd`, d once per super-block) measured 10-25 % faster on AVX2 than this contract's.
 //!
 //! Why not one activation scale per 256 values with integer sums across the super-block (llama.cpp's
-//! Q8_K; two fewer float operations per sub-block and row): measured with the quality tool (20 chunks of
+//! Q8_K; two fewer float operations per sub-block and row; commit 938eb4b): measured with the quality tool (20 chunks of
 //! real text), int4 cost +3.07 % perplexity on the real SmolLM2-135M (+1.99 % per 32) and +14.25 % on the
 //! real Gemma 3 270M (+13.26 %), past issue 30's +0.1 percentage point bar (BENCHMARKS.md).
 //!
-//! The driver walks a task's panels in groups of `Kernels::panels` (1 below `Kernels::min_rows` rows),
-//! super-block by super-block. From `min_rows` rows each panel's super-block is unpacked once into L1,
-//! its header (d, dmin, the sub-block scales widened for the tiles, `Hdr`) and its codes (whole bytes,
-//! 4 KB), so every row tile reads them without unpacking nibbles and scales again; below that (a decode
-//! step) the tiles read the packed bytes themselves. y lives in scratch between super-blocks. The next
-//! super-block of each panel is prefetched while the rows compute.
+//! The driver walks a task's rows in L2-sized blocks and, for each, its panels in groups of
+//! `Kernels::panels` (1 below `Kernels::min_rows` rows). From `min_rows` rows it goes super-block by
+//! super-block: each panel's super-block is unpacked once into L1, its header (`d * sc`, `dmin * mc`
+//! per sub-block, `Hdr`) and its codes (whole bytes, 4 KB), so every row tile reads them without
+//! unpacking nibbles and scales again (y in scratch between super-blocks; the next super-block prefetched
+//! while the rows compute). Below that (decode steps) each tile reads a panel's packed bytes whole, y in
+//! registers throughout, and prefetches the next super-block a few lines per sub-block.
 
 use std::ops::Range;
 
