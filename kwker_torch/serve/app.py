@@ -381,7 +381,8 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             flight.cancel()  # (a no-op when all choices finished; frees the slots when the client left)
 
     def too_long(e: Engine, chars: int, field: str) -> None:
-        """A 400 at once for text no context could hold (limits.py), before anything tokenizes it."""
+        """A 400 for text no context could hold (limits.py), before anything tokenizes it. Runs off the event
+        loop: the first call reads the vocabulary's longest token."""
         if not text_fits(chars, e.dec.max_context, e.tok):
             raise ApiError(400, f"This model's maximum context length is {e.dec.max_context} tokens; the {field} has "
                            f"{chars} characters, more than that many tokens could hold. Shorten it.", field,
@@ -396,6 +397,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
 
     def render_chat(e: Engine, body: ChatCompletionRequest) -> tuple[ToolPlan | None, Any, list[int]]:
         """(tool plan, a forced call's schema, prompt ids): the template's work, run off the event loop."""
+        too_long(e, sum(len(m.text()) for m in body.messages), "messages")
         try:
             tp = tools.plan(body, e.tok)
             schema = tp.schema(body.tools) if tp is not None and tp.forced else None  # (a forced call's grammar)
@@ -417,7 +419,6 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
         check_model(body.model)
         e = eng()
-        too_long(e, sum(len(m.text()) for m in body.messages), "messages")
         tp, schema, ids = await asyncio.to_thread(render_chat, e, body)
         top = body.top_logprobs or 0
         if top and not body.logprobs:
@@ -439,10 +440,9 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             raw = list(p)
         if not raw:
             raise ApiError(400, "prompt is empty: give a string, a list of strings, or token ids", "prompt")
-        for item in raw:
-            too_long(e, len(item) if isinstance(item, str) else 0, "prompt")
-
         def tokenize_all() -> tuple[list[list[int]], list[str]]:  # (off the event loop: it can take a while)
+            for item in raw:  # (every text bounded before any is tokenized)
+                too_long(e, len(item) if isinstance(item, str) else 0, "prompt")
             prompts, echo = [], []
             vocab = e.dec.vocab_size
             for item in raw:

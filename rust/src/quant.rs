@@ -426,7 +426,6 @@ impl QuantWeight {
 /// - `fine`: 254 * q + q2 as one i16 per value (|.| <= 32385), written by the AVX2 tier only (its Q8
 ///   kernel multiplies i16 pairs with `vpmaddwd`, one product per weight instead of two), empty
 ///   otherwise.
-///
 #[derive(Default)]
 pub struct QActs {
     pub q: Vec<i8>,
