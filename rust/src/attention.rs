@@ -91,8 +91,11 @@ pub(crate) struct Ops {
     /// scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]) for r < rows, s < keys.
     #[allow(clippy::type_complexity)]
     pub qk: unsafe fn(&[f32], usize, &[f32], usize, usize, usize, &mut [f32], usize),
-    /// pv(p, v, ldv, d, acc): acc[..d] += sum_s p[s] * v[s*ldv..][..d].
-    pub pv: unsafe fn(&[f32], &[f32], usize, usize, &mut [f32]),
+    /// pv_rows(p, lds, rows, keys, v, ldv, d, acc): the tier's `pv` (acc[..d] += sum_s p[s] *
+    /// v[s*ldv..][..d]) on each of `rows` rows over the same keys, bit for bit as `pv` per row:
+    /// acc[r*d..][..d] += sum_{s < keys} p[r*lds + s] * v[s*ldv..][..d].
+    #[allow(clippy::type_complexity)]
+    pub pv_rows: unsafe fn(&[f32], usize, usize, usize, &[f32], usize, usize, &mut [f32]),
     /// row[i] = exp(row[i] - max(row)) for a non-empty row; returns (max, sum of new row).
     pub exp_sum: unsafe fn(&mut [f32]) -> (f32, f32),
     /// dst[i] = widened src[i].
@@ -107,7 +110,7 @@ impl Ops {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 | Isa::Amx => Ops {
                 qk: avx512::qk,
-                pv: avx512::pv,
+                pv_rows: avx512::pv_rows,
                 exp_sum: avx512::exp_sum,
                 widen_bf16: avx512::widen_bf16,
                 softcap: crate::vmath::avx512::softcap,
@@ -115,20 +118,35 @@ impl Ops {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 | Isa::AvxVnni => Ops {
                 qk: avx2::qk,
-                pv: avx2::pv,
+                pv_rows: avx2::pv_rows,
                 exp_sum: avx2::exp_sum,
                 widen_bf16: avx2::widen_bf16,
                 softcap: crate::vmath::avx2::softcap,
             },
             _ => Ops {
                 qk: generic::qk,
-                pv: generic::pv,
+                pv_rows: generic_pv_rows,
                 exp_sum: generic::exp_sum,
                 widen_bf16: generic::widen_bf16,
                 softcap: generic_softcap,
             },
         }
     }
+}
+
+/// The scalar `pv_rows`, in the `Ops` signature.
+#[allow(clippy::too_many_arguments)]
+unsafe fn generic_pv_rows(
+    p: &[f32],
+    lds: usize,
+    rows: usize,
+    keys: usize,
+    v: &[f32],
+    ldv: usize,
+    d: usize,
+    acc: &mut [f32],
+) {
+    generic::pv_rows(p, lds, rows, keys, v, ldv, d, acc)
 }
 
 /// The scalar soft-cap, in the `Ops` signature.
@@ -326,6 +344,65 @@ pub fn attention<E: Element>(
                 &q.dims,
                 out,
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ops;
+    use crate::isa;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// The multi-row kernels (`qk` over many rows, `pv_rows`) against the same kernels one row at a
+    /// time, bit for bit, in every tier the host runs: odd and even key counts, head sizes that mix
+    /// whole and masked vectors, row counts on both sides of the tiles' 3.
+    #[test]
+    fn multi_row_kernels_equal_one_row_calls_bit_for_bit() {
+        for tier in isa::supported() {
+            let ops = Ops::of(tier);
+            for d in [16, 64, 80, 96, 128] {
+                for keys in [1, 2, 7, 8, 9, 63, 64, 65] {
+                    for rows in [1, 2, 3, 4, 5, 7] {
+                        let lds = keys + 3;
+                        let (ldk, ldv) = (d + 5, d + 1);
+                        let q = values(rows * d, 1);
+                        let k = values(keys * ldk, 2);
+                        let v = values(keys * ldv, 3);
+                        let p = values(rows * lds, 4);
+                        let acc0 = values(rows * d, 5);
+                        let (mut many, mut one) = (vec![0.0; rows * lds], vec![0.0; rows * lds]);
+                        let (mut acc_many, mut acc_one) = (acc0.clone(), acc0.clone());
+                        // SAFETY: the tier is supported; every slice covers what the kernels read and write.
+                        unsafe {
+                            (ops.qk)(&q, rows, &k, ldk, keys, d, &mut many, lds);
+                            (ops.pv_rows)(&p, lds, rows, keys, &v, ldv, d, &mut acc_many);
+                            for r in 0..rows {
+                                let (qr, sr) = (&q[r * d..], &mut one[r * lds..]);
+                                (ops.qk)(qr, 1, &k, ldk, keys, d, sr, lds);
+                                let (pr, ar) = (&p[r * lds..], &mut acc_one[r * d..(r + 1) * d]);
+                                (ops.pv_rows)(pr, lds, 1, keys, &v, ldv, d, ar);
+                            }
+                        }
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        let at = format!("{} d {d} keys {keys} rows {rows}", tier.name());
+                        assert_eq!(bits(&many), bits(&one), "qk, {at}");
+                        assert_eq!(bits(&acc_many), bits(&acc_one), "pv_rows, {at}");
+                    }
+                }
+            }
         }
     }
 }

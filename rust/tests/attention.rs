@@ -361,10 +361,18 @@ fn wrong_out_len_panics() {
 
 /// Query token t of a T-token call over S keys against the same token alone over its S - T + t + 1
 /// keys (as a decoder's multi-token step against one-token steps): bit-identical in every tier,
-/// whatever groups of 8 keys the scores fall in (cache lengths on both sides of a multiple of 8).
+/// whatever groups of 8 keys the scores fall in (cache lengths on both sides of a multiple of 8) and
+/// whichever rows share a tile (a multi-token call shares K/V loads among 3 rows: with one or two
+/// query heads per kv head the one-token call runs the single-row kernels; head sizes 80 and 96 mix
+/// the AVX2 tier's in-order and split column blocks and a masked tail).
 fn rows_equal_one_token_calls<E: Element>() {
     let mut rng = Rng::new(41);
-    let (hq, hkv, d) = (9, 3, 64);
+    for (hq, hkv, d) in [(9, 3, 64), (4, 4, 64), (4, 2, 80), (3, 3, 96), (2, 1, 128)] {
+        rows_equal_for_shape::<E>(&mut rng, hq, hkv, d);
+    }
+}
+
+fn rows_equal_for_shape<E: Element>(rng: &mut Rng, hq: usize, hkv: usize, d: usize) {
     for prefix in [79, 80, 81, 85] {
         for t in [2, 7, 8, 9, 13] {
             let s = prefix + t;
@@ -417,7 +425,8 @@ fn rows_equal_one_token_calls<E: Element>() {
                         let got = &all[(h * t + tok) * d..][..d];
                         assert!(
                             got.iter().zip(&one[h * d..][..d]).all(|(a, b)| a.to_f32().to_bits() == b.to_f32().to_bits()),
-                            "{} prefix {prefix} T {t}: token {tok} head {h} differs from its one-token call",
+                            "{} Hq {hq} Hkv {hkv} D {d} prefix {prefix} T {t}: token {tok} head {h} \
+                             differs from its one-token call",
                             isa.name()
                         );
                     }

@@ -1,7 +1,9 @@
 //! AVX2 + FMA attention primitives (8 f32 lanes; head-dim tails via masked loads).
 //!
 //! Numerical contract: f32 FMA accumulation. Scores for 8 keys are reduced together with a
-//! horizontal-add tree; `pv` keeps the output row in registers across all keys. exp is a
+//! horizontal-add tree; `pv` keeps the output row in registers across all keys; `pv_rows` runs
+//! three rows at once on `pv`'s arithmetic, bit for bit (16 registers leave no room to do the same
+//! for `qk`'s eight sums per row). exp is a
 //! Cephes-style polynomial (max error ~2 ulp for results >= 2^-126, results below that flush
 //! to 0, NaN propagates).
 
@@ -200,18 +202,149 @@ pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
     let mut c0 = 0;
     while c0 < d {
         let width = (d - c0).min(64);
-        let (vp, ap) = (v.as_ptr().add(c0), acc.as_mut_ptr().add(c0));
-        match width.div_ceil(8) {
-            8 => pv_block::<8, false>(p, vp, ldv, ap, &block_masks(width)),
-            7 => pv_block::<7, false>(p, vp, ldv, ap, &block_masks(width)),
-            6 => pv_block::<6, false>(p, vp, ldv, ap, &block_masks(width)),
-            5 => pv_block::<5, false>(p, vp, ldv, ap, &block_masks(width)),
-            4 => pv_block::<4, true>(p, vp, ldv, ap, &block_masks(width)),
-            3 => pv_block::<3, true>(p, vp, ldv, ap, &block_masks(width)),
-            2 => pv_block::<2, true>(p, vp, ldv, ap, &block_masks(width)),
-            _ => pv_block::<1, true>(p, vp, ldv, ap, &block_masks(width)),
-        }
+        pv_col_block(p, v.as_ptr().add(c0), ldv, acc.as_mut_ptr().add(c0), width);
         c0 += width;
+    }
+}
+
+/// One column block of `pv` (`width` <= 64): blocks of 5 or more vectors sum keys in order, smaller
+/// ones split even and odd keys (see `pv_block`).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn pv_col_block(p: &[f32], vp: *const f32, ldv: usize, ap: *mut f32, width: usize) {
+    match width.div_ceil(8) {
+        8 => pv_block::<8, false>(p, vp, ldv, ap, &block_masks(width)),
+        7 => pv_block::<7, false>(p, vp, ldv, ap, &block_masks(width)),
+        6 => pv_block::<6, false>(p, vp, ldv, ap, &block_masks(width)),
+        5 => pv_block::<5, false>(p, vp, ldv, ap, &block_masks(width)),
+        4 => pv_block::<4, true>(p, vp, ldv, ap, &block_masks(width)),
+        3 => pv_block::<3, true>(p, vp, ldv, ap, &block_masks(width)),
+        2 => pv_block::<2, true>(p, vp, ldv, ap, &block_masks(width)),
+        _ => pv_block::<1, true>(p, vp, ldv, ap, &block_masks(width)),
+    }
+}
+
+/// Three rows of an in-order column block at once: acc[r*lda..][..width] += sum_s p[r*lds + s] *
+/// v_s[..width] for width <= 32, keys summed in order into each lane (a 5-8 vector `pv_block`'s
+/// arithmetic, lane for lane), each V vector loaded once for the three rows.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_rows_seq<const FULL: bool>(
+    p: *const f32,
+    lds: usize,
+    keys: usize,
+    v: *const f32,
+    ldv: usize,
+    acc: *mut f32,
+    lda: usize,
+    width: usize,
+) {
+    const N: usize = 4;
+    let mut masks = [_mm256_set1_epi32(-1); N];
+    for (c, m) in masks.iter_mut().enumerate() {
+        let live = width.saturating_sub(8 * c);
+        if live < 8 {
+            *m = tail_mask(live);
+        }
+    }
+    let mut a = [[_mm256_setzero_ps(); N]; 3];
+    for (r, ar) in a.iter_mut().enumerate() {
+        for c in 0..N {
+            ar[c] = _mm256_maskload_ps(acc.add(r * lda + 8 * c), masks[c]);
+        }
+    }
+    for s in 0..keys {
+        let row = v.add(s * ldv);
+        let pb = [
+            _mm256_set1_ps(*p.add(s)),
+            _mm256_set1_ps(*p.add(lds + s)),
+            _mm256_set1_ps(*p.add(2 * lds + s)),
+        ];
+        for c in 0..N {
+            // Whole pieces load unmasked: four mask registers beside 12 sums and 3 broadcasts spill.
+            let vv = if FULL {
+                _mm256_loadu_ps(row.add(8 * c))
+            } else {
+                _mm256_maskload_ps(row.add(8 * c), masks[c])
+            };
+            for r in 0..3 {
+                a[r][c] = _mm256_fmadd_ps(pb[r], vv, a[r][c]);
+            }
+        }
+    }
+    for (r, ar) in a.iter().enumerate() {
+        for c in 0..N {
+            _mm256_maskstore_ps(acc.add(r * lda + 8 * c), masks[c], ar[c]);
+        }
+    }
+}
+
+/// acc[r*d..][..d] += sum over s < keys of p[r*lds + s] * v[s*ldv..][..d] for r < rows: `pv` on each
+/// row (bit for bit), three rows at a time sharing each V load where `pv` sums keys in order.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)] // same shape as every tier
+pub unsafe fn pv_rows(
+    p: &[f32],
+    lds: usize,
+    rows: usize,
+    keys: usize,
+    v: &[f32],
+    ldv: usize,
+    d: usize,
+    acc: &mut [f32],
+) {
+    if rows == 0 || keys == 0 {
+        return;
+    }
+    assert!(p.len() >= (rows - 1) * lds + keys, "pv_rows: p too short");
+    assert!(v.len() >= (keys - 1) * ldv + d, "pv_rows: v too short");
+    assert!(acc.len() >= rows * d, "pv_rows: acc too short");
+    let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+    let mut r = 0;
+    // Rows in threes through `pv`'s column blocks: in-order blocks (5-8 vectors) in 32-column
+    // pieces shared by the three rows, split blocks row by row.
+    while r + 3 <= rows {
+        let mut c0 = 0;
+        while c0 < d {
+            let width = (d - c0).min(64);
+            if width.div_ceil(8) >= 5 {
+                for s0 in (0..width).step_by(32) {
+                    let w = (width - s0).min(32);
+                    let at = c0 + s0;
+                    let (pr, va, aa) = (pp.add(r * lds), vp.add(at), ap.add(r * d + at));
+                    if w == 32 {
+                        pv_rows_seq::<true>(pr, lds, keys, va, ldv, aa, d, w);
+                    } else {
+                        pv_rows_seq::<false>(pr, lds, keys, va, ldv, aa, d, w);
+                    }
+                }
+            } else {
+                for i in r..r + 3 {
+                    pv_col_block(
+                        &p[i * lds..i * lds + keys],
+                        vp.add(c0),
+                        ldv,
+                        ap.add(i * d + c0),
+                        width,
+                    );
+                }
+            }
+            c0 += width;
+        }
+        r += 3;
+    }
+    for r in r..rows {
+        pv(
+            &p[r * lds..r * lds + keys],
+            v,
+            ldv,
+            d,
+            &mut acc[r * d..(r + 1) * d],
+        );
     }
 }
 

@@ -2,7 +2,8 @@
 //!
 //! Numerical contract: f32 FMA accumulation. Scores for 8 keys are reduced together (fold
 //! 512 -> 256 bits, then a horizontal-add tree); `pv` keeps the output row in registers
-//! across all keys. exp is a Cephes-style polynomial scaled with `vscalefps` (max error
+//! across all keys. A prompt's rows go three at a time (`qk`'s row groups, `pv_rows`), sharing
+//! each K/V load: every row's arithmetic is the one-row kernel's, bit for bit. exp is a Cephes-style polynomial scaled with `vscalefps` (max error
 //! ~2 ulp, gradual underflow to 0, NaN propagates).
 
 use std::arch::x86_64::*;
@@ -110,7 +111,27 @@ pub unsafe fn qk(
         "qk: scores too short"
     );
     let kp = k.as_ptr();
-    for r in 0..rows {
+    let keys8 = keys / 8 * 8;
+    // Groups of 3 rows share each key load (24 accumulators); each score's arithmetic is the
+    // one-row kernel's (lane-wise FMAs over d, then `hsum8`), so a row's scores do not depend on
+    // the rows beside it.
+    let mut r = 0;
+    while r + 3 <= rows {
+        let qr = q.as_ptr().add(r * d);
+        let out = scores.as_mut_ptr().add(r * lds);
+        for s in (0..keys8).step_by(8) {
+            let mut acc = [[_mm512_setzero_ps(); 8]; 3];
+            dot_rows_keys::<3>(qr, d, kp.add(s * ldk), ldk, d, &mut acc);
+            for (i, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(i * lds + s), hsum8(a));
+            }
+        }
+        for i in 0..3 {
+            tail_keys(qr.add(i * d), kp, ldk, keys8, keys, d, out.add(i * lds));
+        }
+        r += 3;
+    }
+    for r in r..rows {
         let qr = q.as_ptr().add(r * d);
         let out = scores.as_mut_ptr().add(r * lds);
         let mut s = 0;
@@ -120,12 +141,56 @@ pub unsafe fn qk(
             _mm256_storeu_ps(out.add(s), hsum8(&acc));
             s += 8;
         }
-        while s < keys {
-            let mut acc = [_mm512_setzero_ps(); 1];
-            dot_keys::<1>(qr, kp.add(s * ldk), ldk, d, &mut acc);
-            *out.add(s) = hsum(acc[0]);
-            s += 1;
+        tail_keys(qr, kp, ldk, s, keys, d, out);
+    }
+}
+
+/// out[s] = dot(q, k_s) for s in from..keys, one key at a time (the keys past the last group of 8).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+unsafe fn tail_keys(
+    qr: *const f32,
+    kp: *const f32,
+    ldk: usize,
+    from: usize,
+    keys: usize,
+    d: usize,
+    out: *mut f32,
+) {
+    for s in from..keys {
+        let mut acc = [_mm512_setzero_ps(); 1];
+        dot_keys::<1>(qr, kp.add(s * ldk), ldk, d, &mut acc);
+        *out.add(s) = hsum(acc[0]);
+    }
+}
+
+/// acc[r][j] += q_r[..d] * k_j[..d] lane-wise for R query rows `q + r*ldq` and the 8 keys `k + j*ldk`:
+/// `dot_keys::<8>` on each row, every key vector loaded once for all R rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // a register tile: acc[r][j] reads clearer than zipped iterators
+unsafe fn dot_rows_keys<const R: usize>(
+    q: *const f32,
+    ldq: usize,
+    k: *const f32,
+    ldk: usize,
+    d: usize,
+    acc: &mut [[__m512; 8]; R],
+) {
+    let mut i = 0;
+    while i < d {
+        let m = lanes(d - i);
+        let mut qv = [_mm512_setzero_ps(); R];
+        for (r, v) in qv.iter_mut().enumerate() {
+            *v = _mm512_maskz_loadu_ps(m, q.add(r * ldq + i));
         }
+        for j in 0..8 {
+            let kv = _mm512_maskz_loadu_ps(m, k.add(j * ldk + i));
+            for r in 0..R {
+                acc[r][j] = _mm512_fmadd_ps(qv[r], kv, acc[r][j]);
+            }
+        }
+        i += 16;
     }
 }
 
@@ -205,6 +270,123 @@ pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
             _ => pv_block::<1>(p, vp, ldv, ap, width),
         }
         c0 += width;
+    }
+}
+
+/// `pv` for R rows sharing their keys: acc[r*lda..][..width] += sum_s p[r*lds + s] * v_s[..width] for
+/// width <= 64, each V vector loaded once for the R rows. Every lane's arithmetic is `pv_block`'s (even
+/// keys into the running sum, odd keys into a second one started at 0, the two added at the end), so a
+/// row's result does not depend on the rows beside it.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // a register tile, indexed [row][vector]
+unsafe fn pv_rows_block<const R: usize>(
+    p: *const f32,
+    lds: usize,
+    keys: usize,
+    v: *const f32,
+    ldv: usize,
+    acc: *mut f32,
+    lda: usize,
+    width: usize,
+) {
+    const N: usize = 4;
+    let mut masks = [0 as __mmask16; N];
+    for (c, m) in masks.iter_mut().enumerate() {
+        *m = lanes(width.saturating_sub(16 * c));
+    }
+    let mut even = [[_mm512_setzero_ps(); N]; R];
+    let mut odd = [[_mm512_setzero_ps(); N]; R];
+    for r in 0..R {
+        for c in 0..N {
+            even[r][c] = _mm512_maskz_loadu_ps(masks[c], acc.add(r * lda + 16 * c));
+        }
+    }
+    let mut s = 0;
+    while s + 2 <= keys {
+        let row = v.add(s * ldv);
+        let mut p0 = [_mm512_setzero_ps(); R];
+        let mut p1 = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            p0[r] = _mm512_set1_ps(*p.add(r * lds + s));
+            p1[r] = _mm512_set1_ps(*p.add(r * lds + s + 1));
+        }
+        for c in 0..N {
+            let v0 = _mm512_maskz_loadu_ps(masks[c], row.add(16 * c));
+            let v1 = _mm512_maskz_loadu_ps(masks[c], row.add(ldv + 16 * c));
+            for r in 0..R {
+                even[r][c] = _mm512_fmadd_ps(p0[r], v0, even[r][c]);
+                odd[r][c] = _mm512_fmadd_ps(p1[r], v1, odd[r][c]);
+            }
+        }
+        s += 2;
+    }
+    if s < keys {
+        let row = v.add(s * ldv);
+        for c in 0..N {
+            let v0 = _mm512_maskz_loadu_ps(masks[c], row.add(16 * c));
+            for r in 0..R {
+                even[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(r * lds + s)), v0, even[r][c]);
+            }
+        }
+    }
+    for r in 0..R {
+        for c in 0..N {
+            let sum = _mm512_add_ps(even[r][c], odd[r][c]);
+            _mm512_mask_storeu_ps(acc.add(r * lda + 16 * c), masks[c], sum);
+        }
+    }
+}
+
+/// acc[r*d..][..d] += sum over s < keys of p[r*lds + s] * v[s*ldv..][..d] for r < rows: `pv` on each
+/// row (bit for bit), three rows at a time sharing each V load.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[allow(clippy::too_many_arguments)] // same shape as every tier
+pub unsafe fn pv_rows(
+    p: &[f32],
+    lds: usize,
+    rows: usize,
+    keys: usize,
+    v: &[f32],
+    ldv: usize,
+    d: usize,
+    acc: &mut [f32],
+) {
+    if rows == 0 || keys == 0 {
+        return;
+    }
+    assert!(p.len() >= (rows - 1) * lds + keys, "pv_rows: p too short");
+    assert!(v.len() >= (keys - 1) * ldv + d, "pv_rows: v too short");
+    assert!(acc.len() >= rows * d, "pv_rows: acc too short");
+    let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+    let mut r = 0;
+    while r + 3 <= rows {
+        for c0 in (0..d).step_by(64) {
+            let w = (d - c0).min(64);
+            pv_rows_block::<3>(
+                pp.add(r * lds),
+                lds,
+                keys,
+                vp.add(c0),
+                ldv,
+                ap.add(r * d + c0),
+                d,
+                w,
+            );
+        }
+        r += 3;
+    }
+    for r in r..rows {
+        pv(
+            &p[r * lds..r * lds + keys],
+            v,
+            ldv,
+            d,
+            &mut acc[r * d..(r + 1) * d],
+        );
     }
 }
 

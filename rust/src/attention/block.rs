@@ -3,7 +3,9 @@
 //! primitives come in `Ops`.
 //!
 //! Keys are processed in chunks of KEY_CHUNK rows: a bf16 chunk is widened once into an
-//! L1-sized f32 buffer and then reused by every query row (f32 caches are read in place).
+//! L1-sized f32 buffer and then reused by every query row (f32 caches are read in place); the
+//! kernels share each K/V load among several rows (a prompt's tokens, a token's heads), with each
+//! row's arithmetic that of a one-row call, so a row's output does not depend on the rows beside it.
 //! Rows are ordered token-major (row = token * heads + head), so the rows that may see a key
 //! always form a suffix of the block; with a sliding window each row sees a contiguous range of keys
 //! whose both ends grow with the row, and the task's key range starts where its first row's does. A task covering all keys writes final rows; a task
@@ -185,19 +187,32 @@ pub(crate) unsafe fn attend<E: Element>(
             let n = KEY_CHUNK.min(ke - s0);
             let (vc, ldv) = rows_f32(ops, &vd, v, job.b, job.kv_head, s0, n, chunk);
             let c0 = s0 - ks; // this chunk's keys, relative to ks: c0..c0 + n
-            for r in first_row(s0)..rows {
+            let range = |r: usize| {
                 let (from, to) = seen(r);
-                let (a, b) = (from.max(c0), to.min(c0 + n));
+                (from.max(c0), to.min(c0 + n))
+            };
+            // Runs of rows that see the same keys of this chunk (a token's heads; every token past
+            // the chunk) go to `pv_rows` together, which shares each V load among them.
+            let mut r = first_row(s0);
+            while r < rows {
+                let (a, b) = range(r);
+                let mut e = r + 1;
+                while e < rows && range(e) == (a, b) {
+                    e += 1;
+                }
                 if a < b {
-                    let p = &scores[r * nkeys + a..r * nkeys + b];
-                    (ops.pv)(
-                        p,
+                    (ops.pv_rows)(
+                        &scores[r * nkeys + a..],
+                        nkeys,
+                        e - r,
+                        b - a,
                         &vc[(a - c0) * ldv..],
                         ldv,
                         d,
-                        &mut acc[r * d..(r + 1) * d],
+                        &mut acc[r * d..e * d],
                     );
                 }
+                r = e;
             }
         }
 

@@ -36,6 +36,29 @@ pub fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
     }
 }
 
+/// acc[r*d..][..d] += sum over s < keys of p[r*lds + s] * v[s*ldv..][..d] for r < rows: `pv` per row.
+#[allow(clippy::too_many_arguments)] // same shape as the SIMD tiers
+pub fn pv_rows(
+    p: &[f32],
+    lds: usize,
+    rows: usize,
+    keys: usize,
+    v: &[f32],
+    ldv: usize,
+    d: usize,
+    acc: &mut [f32],
+) {
+    for r in 0..rows {
+        pv(
+            &p[r * lds..r * lds + keys],
+            v,
+            ldv,
+            d,
+            &mut acc[r * d..(r + 1) * d],
+        );
+    }
+}
+
 /// row[i] = exp(row[i] - max(row)); returns (max, sum of the new values).
 pub fn exp_sum(row: &mut [f32]) -> (f32, f32) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
