@@ -103,8 +103,16 @@ pub(crate) fn run_tasks(par: &dyn Parallel, n_tasks: usize, f: &(dyn Fn(usize) +
 
 /// A raw output pointer that tasks may share because each writes a disjoint set of elements.
 /// Whoever dereferences it must uphold that disjointness (stated at each use).
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) struct SyncPtr<T>(pub *mut T);
+
+// A pointer value is copyable whatever it points at (derive would demand T: Copy).
+impl<T> Clone for SyncPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SyncPtr<T> {}
 
 impl<T> SyncPtr<T> {
     /// The pointer. Use this inside closures: a method call captures the whole (Sync)
@@ -120,3 +128,35 @@ impl<T> SyncPtr<T> {
 unsafe impl<T: Send> Send for SyncPtr<T> {}
 // SAFETY: as above; sharing the pointer value between threads is harmless by itself.
 unsafe impl<T: Send> Sync for SyncPtr<T> {}
+
+/// Runs `f(first_row, rows)` over disjoint chunks of whole `width`-wide rows of `data`, one chunk per
+/// thread when there are at least `min_values` values per chunk, else `f(0, data)` on the caller. For
+/// the per-row elementwise work of a prompt step (norms, activations, rotary), which would otherwise
+/// leave every thread but one waiting. Rows are independent, so results do not depend on the split.
+pub fn rows_mut<T: Send>(
+    par: &dyn Parallel,
+    data: &mut [T],
+    width: usize,
+    min_values: usize,
+    f: &(dyn Fn(usize, &mut [T]) + Sync),
+) {
+    let rows = data.len().checked_div(width).unwrap_or(0);
+    let parts = par
+        .num_threads()
+        .min(rows)
+        .min(data.len() / min_values.max(1));
+    if parts <= 1 {
+        return f(0, data);
+    }
+    let chunks = chunk_ranges(rows, parts, 1);
+    let ptr = SyncPtr(data.as_mut_ptr());
+    run_tasks(par, chunks.len(), &|i| {
+        let r = &chunks[i];
+        // SAFETY: the chunks are disjoint row ranges of `data` (rows * width <= data.len()), so each
+        // task gets its own elements; run_tasks joins before `data`'s borrow ends.
+        let rows = unsafe {
+            std::slice::from_raw_parts_mut(ptr.get().add(r.start * width), r.len() * width)
+        };
+        f(r.start, rows)
+    });
+}

@@ -13,6 +13,7 @@
 
 use super::cache::KvCache;
 use super::forward::{lin, Model, Row, Segment};
+use super::layer::MIN_ROW_VALUES;
 use super::norm::norm_rows_in_place;
 use super::ops;
 use super::recipe::{QkNorm, QkScope};
@@ -20,7 +21,7 @@ use super::rope::Table;
 use super::tensors::Tensor;
 use crate::attention::{attention, AttnParams, View4};
 use crate::isa::Isa;
-use crate::par::{Parallel, Serial, SyncPtr};
+use crate::par::{rows_mut, Parallel, Serial, SyncPtr};
 
 /// The sub-layer's scratch: q/k/v rows, the attention output before o, a per-sequence buffer.
 pub struct AttnBufs<'a> {
@@ -88,23 +89,34 @@ pub fn sublayer(
     let rope = tables
         .get(spec.rope)
         .map(|t| (*t, model.ropes[spec.rope].half));
-    for (i, row) in rows.iter().enumerate() {
-        let qkv = &mut b.qkv[i * qkvw..(i + 1) * qkvw];
-        let clip = r.clip_qkv;
-        if let (Some(c), false) = (clip, r.clip_after_norm) {
-            ops::clip(qkv, c);
-        }
-        if let Some(n) = &r.qk_norm {
-            let (q, rest) = qkv.split_at_mut(qw);
-            qk_norm(n, norm_w, d, q, &mut rest[..kvw]);
-        }
-        if let (Some(c), true) = (clip, r.clip_after_norm) {
-            ops::clip(qkv, c);
-        }
-        if let Some((t, half)) = rope {
-            let (cos, sin) = t.at(row.pos, half);
-            ops::rope(&mut qkv[..qw + kvw], r.heads + r.kv_heads, d, cos, sin);
-        }
+    // Clip, q/k norm and rotary row by row (a prompt's rows split among the threads), then K/V into
+    // the cache.
+    rows_mut(
+        par,
+        &mut b.qkv[..m * qkvw],
+        qkvw,
+        MIN_ROW_VALUES,
+        &|i0, chunk| {
+            for (qkv, row) in chunk.chunks_exact_mut(qkvw).zip(&rows[i0..]) {
+                let clip = r.clip_qkv;
+                if let (Some(c), false) = (clip, r.clip_after_norm) {
+                    ops::clip(qkv, c);
+                }
+                if let Some(n) = &r.qk_norm {
+                    let (q, rest) = qkv.split_at_mut(qw);
+                    qk_norm(n, norm_w, d, q, &mut rest[..kvw]);
+                }
+                if let (Some(c), true) = (clip, r.clip_after_norm) {
+                    ops::clip(qkv, c);
+                }
+                if let Some((t, half)) = rope {
+                    let (cos, sin) = t.at(row.pos, half);
+                    ops::rope(&mut qkv[..qw + kvw], r.heads + r.kv_heads, d, cos, sin);
+                }
+            }
+        },
+    );
+    for (qkv, row) in b.qkv.chunks_exact(qkvw).zip(rows) {
         cache.write(row.slot, l, row.index, &qkv[qw..qw + kvw], &qkv[qw + kvw..]);
     }
     let params = AttnParams {

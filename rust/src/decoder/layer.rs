@@ -22,16 +22,33 @@ use super::rope::Table;
 use super::tensors::Tensor;
 use super::weights::Weights;
 use crate::isa::Isa;
-use crate::par::Parallel;
+use crate::par::{rows_mut, Parallel};
 
 /// Norm `weight` (and its bias tensor `bias`) of layer `l` over `m` rows of `x` into `out`.
-fn norm_into(r: &Recipe, w: &Weights, l: usize, t: [Tensor; 2], x: &[f32], out: &mut [f32]) {
+/// Values per task below which a prompt's per-row work stays on one thread.
+pub(super) const MIN_ROW_VALUES: usize = 1 << 14;
+
+fn norm_into(
+    r: &Recipe,
+    w: &Weights,
+    par: &dyn Parallel,
+    l: usize,
+    t: [Tensor; 2],
+    x: &[f32],
+    out: &mut [f32],
+) {
     let hd = r.hidden;
-    norm_rows(&r.norm, w.vec(t[0], l), w.vec(t[1], l), hd, x, out);
+    let (wt, b) = (w.vec(t[0], l), w.vec(t[1], l));
+    rows_mut(par, out, hd, MIN_ROW_VALUES, &|i0, o| {
+        norm_rows(&r.norm, wt, b, hd, &x[i0 * hd..i0 * hd + o.len()], o)
+    });
 }
 
-fn norm_here(r: &Recipe, w: &Weights, l: usize, t: [Tensor; 2], x: &mut [f32]) {
-    norm_rows_in_place(&r.norm, w.vec(t[0], l), w.vec(t[1], l), r.hidden, x);
+fn norm_here(r: &Recipe, w: &Weights, par: &dyn Parallel, l: usize, t: [Tensor; 2], x: &mut [f32]) {
+    let (wt, b) = (w.vec(t[0], l), w.vec(t[1], l));
+    rows_mut(par, x, r.hidden, MIN_ROW_VALUES, &|_, xs| {
+        norm_rows_in_place(&r.norm, wt, b, r.hidden, xs)
+    });
 }
 
 const ATTN_NORM: [Tensor; 2] = [Tensor::AttnNorm, Tensor::AttnNormBias];
@@ -96,40 +113,40 @@ pub fn run(
             let post_out = matches!(r.placement, Placement::Sandwich | Placement::Post);
             let post_sum = r.placement == Placement::PostResidual;
             if pre {
-                norm_into(r, w, l, ATTN_NORM, x, h);
+                norm_into(r, w, par, l, ATTN_NORM, x, h);
                 attention(h, a);
             } else {
                 attention(x, a);
             }
             if post_out {
-                norm_here(r, w, l, POST_ATTN, a);
+                norm_here(r, w, par, l, POST_ATTN, a);
             }
             ops::add_scaled(x, a, r.residual_scale);
             if post_sum {
-                norm_here(r, w, l, POST_ATTN, x);
+                norm_here(r, w, par, l, POST_ATTN, x);
             }
             if pre {
-                norm_into(r, w, l, MLP_NORM, x, h);
+                norm_into(r, w, par, l, MLP_NORM, x, h);
                 run_mlp(h, f);
             } else {
                 run_mlp(x, f);
             }
             if post_out {
-                norm_here(r, w, l, POST_MLP, f);
+                norm_here(r, w, par, l, POST_MLP, f);
             }
             ops::add_scaled(x, f, r.residual_scale);
             if post_sum {
-                norm_here(r, w, l, POST_MLP, x);
+                norm_here(r, w, par, l, POST_MLP, x);
             }
         }
         Block::Parallel {
             shared_norm,
             residual_last,
         } => {
-            norm_into(r, w, l, ATTN_NORM, x, h);
+            norm_into(r, w, par, l, ATTN_NORM, x, h);
             attention(h, a);
             if !shared_norm {
-                norm_into(r, w, l, MLP_NORM, x, h);
+                norm_into(r, w, par, l, MLP_NORM, x, h);
             }
             run_mlp(h, f);
             if residual_last {

@@ -14,11 +14,12 @@
 //! exp is libm's `expf`, the sum divided rather than multiplied by its reciprocal (an ulp from torch).
 
 use super::forward::{lin, lin_group, LinItem};
+use super::layer::MIN_ROW_VALUES;
 use super::recipe::{Recipe, Router};
 use super::tensors::Tensor;
 use super::weights::{Mat, Weights};
 use crate::isa::Isa;
-use crate::par::Parallel;
+use crate::par::{rows_mut, Parallel};
 use crate::vmath;
 
 /// At most this many (row, expert) picks in a window run every chosen expert's matrices in one
@@ -120,13 +121,16 @@ pub fn ffn(
     let i = down.cols();
     lin(isa, par, input, m, up, up_bias, gu);
     let hidden: &[f32] = if r.mlp.gated {
-        for (row, o) in gu[..m * 2 * i]
-            .chunks_exact(2 * i)
-            .zip(act[..m * i].chunks_exact_mut(i))
-        {
-            let (g, u) = row.split_at(i);
-            vmath::act_mul(isa, r.mlp.act, g, u, o);
-        }
+        let gu = &gu[..m * 2 * i];
+        rows_mut(par, &mut act[..m * i], i, MIN_ROW_VALUES, &|i0, out| {
+            for (row, o) in gu[i0 * 2 * i..]
+                .chunks_exact(2 * i)
+                .zip(out.chunks_exact_mut(i))
+            {
+                let (g, u) = row.split_at(i);
+                vmath::act_mul(isa, r.mlp.act, g, u, o);
+            }
+        });
         &act[..m * i]
     } else {
         vmath::act_in_place(isa, r.mlp.act, &mut gu[..m * i]);
