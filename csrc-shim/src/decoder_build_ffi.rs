@@ -17,13 +17,16 @@ use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
 /// Version of this boundary; `native.py` refuses a library of another.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// Element types a tensor can be handed over in.
 const DTYPES: [&str; 2] = ["f32", "bf16"];
 
 /// The codes of this boundary as JSON: {"version", "tensors": [{name, per_layer, per_expert, matrix, about}],
-/// "dtypes", "formats", "stores", "logits": {mode: code}, "finish": {code: reason}}.
+/// "dtypes", "formats", "stores", "quant": [{name, granule, bits, super_row_bytes}], "logits": {mode: code},
+/// "finish": {code: reason}}. "quant" is the quantized formats' table (`quant::Format`): what k must be a
+/// multiple of, bits per weight of whole blocks, and for the super-block formats the bytes per row of a
+/// super-block of t = 0..=8 sub-blocks (null otherwise), so the Python side never copies it.
 ///
 /// # Safety
 /// `out` null or writable for `cap` bytes; `needed` writable.
@@ -45,7 +48,13 @@ pub unsafe extern "C" fn kwker_decoder_abi(
             "tensors": tensors,
             "dtypes": DTYPES,
             "formats": MatFormat::ALL.map(MatFormat::name),
-            "stores": ["as_given", "q8", "q4", "q4k", "q6k"],
+            "stores": std::iter::once("as_given").chain(Format::ALL.map(Format::name)).collect::<Vec<_>>(),
+            "quant": Format::ALL.map(|f| json!({
+                "name": f.name(),
+                "granule": f.granule(),
+                "bits": f.bits_per_weight(),
+                "super_row_bytes": f.is_super().then(|| (0..=8).map(|t| f.super_row_bytes(t)).collect::<Option<Vec<_>>>()).flatten(),
+            })),
             "logits": LOGITS_CODES.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
             "finish": FINISH_CODES.iter().map(|(n, c)| (c.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
         });
@@ -199,7 +208,8 @@ pub unsafe extern "C" fn kwker_decoder_set(
                 Some(f) => Store::Quant(f, imp),
                 None => {
                     return Err(format!(
-                        "unknown store {store:?}; expected as_given, q8, q4, q4k or q6k"
+                        "unknown store {store:?}; expected as_given or one of {:?}",
+                        Format::ALL.map(Format::name)
                     ))
                 }
             },

@@ -18,7 +18,7 @@ import torch
 
 from .. import _native
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 ERR_LEN = 2048
 
 LIB = _native.LIB
@@ -110,6 +110,8 @@ TENSORS: dict[str, dict[str, Any]] = {t["name"]: t for t in ABI["tensors"]}
 MATRICES = tuple(n for n, t in TENSORS.items() if t["matrix"])
 LOGITS: dict[str, int] = ABI["logits"]
 FINISH: dict[int, str] = {int(c): n for c, n in ABI["finish"].items()}
+# The quantized formats' table (rust/src/quant.rs: Format), by name: {granule, bits, super_row_bytes}.
+QUANT_FORMATS: dict[str, dict[str, Any]] = {f["name"]: f for f in ABI["quant"]}
 DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 assert set(DTYPES.values()) == set(ABI["dtypes"]), "the library's dtypes changed; update native.DTYPES"
 

@@ -37,22 +37,22 @@ from typing import Any
 
 import torch
 
-from .native import MATRICES
+from .native import MATRICES, QUANT_FORMATS
 
 log = logging.getLogger("kwker_torch")
 
+# The quantized formats, from the library's table (rust/src/quant.rs: Format, through the decoder ABI).
+QUANT = tuple(QUANT_FORMATS)
 # Bits per stored weight (scales included) of whole blocks; panel padding and norms/biases not counted.
-BITS = {"bf16": 16.0, "f32": 32.0, "q8": 8.5, "q4": 5.0, "q4k": 4.5, "q6k": 6.3125}
-# The quantized formats (rust/src/quant.rs: Format); q4k/q6k are super-blocks of 256 (rust/src/quant/kblock.rs).
-QUANT = ("q8", "q4", "q4k", "q6k")
+BITS = {"bf16": 16.0, "f32": 32.0, **{n: float(f["bits"]) for n, f in QUANT_FORMATS.items()}}
 # Matrices a plan may quantize: every matrix of the tensor table but the position table (a lookup).
 KINDS = tuple(m for m in MATRICES if m != "pos_embed")
 ALIASES = {"gate_up": "up"}
 # Matrices int4 keeps at 6 bits (INT4_EMBEDDING) wherever they are: the embedding/lm_head and the embedding
 # projections.
 EMBEDDING_KINDS = ("embed", "lm_head", "proj_in", "proj_out")
-# Block of k each format needs whole (rust/src/quant.rs: Format::block).
-BLOCK = {"q8": 64, "q4": 32, "q4k": 32, "q6k": 32}
+# What k must be a multiple of for each format (Format::granule).
+BLOCK = {n: int(f["granule"]) for n, f in QUANT_FORMATS.items()}
 MIN_CALIB_TOKENS = 128
 CALIB_CHUNK = 512
 
@@ -185,13 +185,12 @@ def importance(
 def row_bits(fmt: str, cols: int) -> float:
     """Bits per weight of a row of ``cols`` values stored as ``fmt``: a q4k/q6k row whose length is not a
     multiple of 256 ends in a shorter super-block that still carries its header."""
-    if fmt not in ("q4k", "q6k") or cols % 256 == 0:
+    row_bytes = QUANT_FORMATS.get(fmt, {}).get("super_row_bytes")
+    if not row_bytes or cols % 256 == 0:
         return BITS[fmt]
     full, t = divmod(cols // 32 * 32, 256)
-    t //= 32
-    # Bytes per row of one panel's super-block of t sub-blocks (16 rows share a panel; kblock.rs).
-    tail = 4 + t + -(-t // 2) + 16 * t if fmt == "q4k" else 2 + t + 24 * t
-    return (full * (144 if fmt == "q4k" else 202) + tail) * 8 / cols
+    # Bytes per row of a super-block of n sub-blocks of 32 (16 rows share a panel; kblock.rs).
+    return (full * row_bytes[8] + row_bytes[t // 32]) * 8 / cols
 
 
 def check_quantizable(kind: str, layer: int, fmt: str, cols: int) -> None:

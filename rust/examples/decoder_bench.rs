@@ -299,7 +299,14 @@ fn main() {
     let mut logits = vec![0.0f32; 8 * vocab];
     // `prompt` (after `steps`): only prompt steps, 20 of them (a profile of the prompt alone).
     let only_prompt = args.get(5).map(String::as_str) == Some("prompt");
-    for bsz in [1usize, 8].into_iter().filter(|_| !only_prompt) {
+    // `batch` (after `steps`): only 8-sequence decode steps, 400 of them (a profile of a batched step).
+    let only_batch = args.get(5).map(String::as_str) == Some("batch");
+    let sizes: &[usize] = match (only_prompt, only_batch) {
+        (true, _) => &[],
+        (_, true) => &[8],
+        _ => &[1, 8],
+    };
+    for &bsz in sizes {
         for slot in 0..bsz {
             dec.truncate(slot, 0).unwrap();
             let one = [SeqStep {
@@ -310,7 +317,7 @@ fn main() {
             dec.step(isa, &pool, &one, &mut []).unwrap();
         }
         let mut ts = Vec::new();
-        for i in 0..64 {
+        for i in 0..if only_batch { 400 } else { 64 } {
             let toks: Vec<[u32; 1]> = (0..bsz).map(|b| [((i * 31 + b) % vocab) as u32]).collect();
             let batch: Vec<SeqStep<'_>> = (0..bsz)
                 .map(|b| SeqStep {
@@ -331,6 +338,9 @@ fn main() {
             bsz as f64 / step,
             bytes / step / 1e9
         );
+    }
+    if only_batch {
+        return;
     }
     // Prompt of 512 tokens.
     let p512: Vec<u32> = (0..512)

@@ -126,6 +126,13 @@ impl Format {
     pub fn bits_per_weight(self) -> f64 {
         (self.block_bytes() * 8) as f64 / (QPANEL * self.block()) as f64
     }
+
+    /// Bytes per row of a super-block of `t` sub-blocks of 32 (its header included; `t` = 8 is a whole
+    /// one); None for the formats without super-blocks. What a row whose length is not a multiple of 256
+    /// costs: whole super-blocks, then one of `t` sub-blocks.
+    pub fn super_row_bytes(self, t: usize) -> Option<usize> {
+        (self.is_super() && t <= kblock::SUBS).then(|| kblock::super_bytes(self, t) / QPANEL)
+    }
 }
 
 /// The reference form: `codes[j * k + kk]` (Q8 stored as `c + 128`, Q6K as `c + 32`),
