@@ -23,6 +23,7 @@ pub(crate) mod bf16_gemm;
 pub(crate) mod dpbf16;
 #[cfg(test)]
 pub(crate) mod emu;
+pub(crate) mod int8;
 #[cfg(test)]
 pub(crate) use emu::Emu;
 

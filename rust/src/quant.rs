@@ -552,6 +552,16 @@ impl Tier {
 fn tier(isa: Isa) -> Tier {
     #[cfg(target_arch = "x86_64")]
     {
+        if isa >= Isa::Amx && avx512::usable() && crate::amx::int8::usable() {
+            // Prompts of the super-block formats on AMX-INT8 tiles; everything else as AVX-512 VNNI.
+            return Tier {
+                panels: avx512::panels,
+                quantize: avx512::quantize_rows,
+                name: "amx-int8",
+                fine: false,
+                sup: Some(&superblock::amx::KERNELS),
+            };
+        }
         if isa >= Isa::Avx512 && avx512::usable() {
             return Tier {
                 panels: avx512::panels,
@@ -598,6 +608,54 @@ pub fn super_unpacked_panels_run() -> usize {
     return superblock::unpacked_panels_run() + avx2_rows::panels_run();
     #[cfg(not(target_arch = "x86_64"))]
     superblock::unpacked_panels_run()
+}
+
+/// `quant_linear` with the super-block formats' AMX tier over an exact emulation of the AMX-INT8 tiles
+/// (`tdpbsud`): how that tier's logic is tested on CPUs without AMX (where the CPU has it, the real
+/// instructions run as the `amx` tier of `quant_linear`). Other formats run the scalar tier. Any CPU;
+/// `simd_epilogue` takes the hardware tier's AVX-512 epilogue (panics without AVX-512) instead of the
+/// scalar one.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn quant_linear_amx_emulated(
+    simd_epilogue: bool,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let (n, k) = (w.n, w.k);
+    assert!(x.len() == m * k && y.len() == m * n && bias.is_none_or(|b| b.len() == n));
+    if m > 0 && n > 0 {
+        let sup: &'static superblock::Kernels = if simd_epilogue {
+            assert!(
+                cfg!(target_arch = "x86_64") && Isa::Avx512.is_supported(),
+                "quant_linear_amx_emulated: the AVX-512 epilogue needs AVX-512"
+            );
+            #[cfg(target_arch = "x86_64")]
+            {
+                &superblock::amx::EMULATED_AVX512
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        } else {
+            &superblock::amx::EMULATED
+        };
+        let emulated = Tier {
+            sup: Some(sup),
+            ..tier(Isa::Generic)
+        };
+        linear_with(Isa::Generic, &emulated, par, x, m, w, bias, y);
+    }
+}
+
+/// Tile products (16 rows x one sub-block x one panel) the calling thread has run on the super-block
+/// formats' AMX path, real or emulated: how tests prove it ran.
+#[doc(hidden)]
+pub fn super_amx_products_run() -> usize {
+    superblock::amx::products_run()
 }
 
 /// Rows from which `isa`'s tier runs the super-block formats through its many-rows path.

@@ -11,9 +11,10 @@ use kwker_kernels::isa;
 use kwker_kernels::par::{Parallel, ScopedThreads, Serial};
 use kwker_kernels::pool::SpinPool;
 use kwker_kernels::quant::{
-    kernel_name, quant_linear, quant_linear_group, quant_linear_vnni_emulated, quantize,
-    quantize_activations, quantize_block, super_min_rows, super_unpacked_panels_run, Format,
-    GroupItem, QActs, QuantOptions, QuantWeight, LO, QSUB,
+    kernel_name, quant_linear, quant_linear_amx_emulated, quant_linear_group,
+    quant_linear_vnni_emulated, quantize, quantize_activations, quantize_block,
+    super_amx_products_run, super_min_rows, super_unpacked_panels_run, Format, GroupItem, QActs,
+    QuantOptions, QuantWeight, LO, QSUB,
 };
 
 fn opts(format: Format) -> QuantOptions<'static> {
@@ -114,6 +115,26 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
             quant_linear_vnni_emulated(par, &x, m, &w, b.as_deref(), &mut got);
             check(&got, "avxvnni kernels (emulated vpdpbusd)", threads);
             same(&got, "avxvnni kernels (emulated vpdpbusd)");
+        }
+        // The AMX tier's super-block path over an exact emulation of the AMX-INT8 tiles (tdpbsud), on
+        // any CPU: from 16 rows the products run (proved by their count), below it the scalar tiles.
+        // The scalar epilogue, and the AVX-512 one the hardware tier runs where this CPU has AVX-512.
+        for simd in [false, true] {
+            if simd && !isa::Isa::Avx512.is_supported() {
+                continue;
+            }
+            let before = super_amx_products_run();
+            let mut got = vec![f32::NAN; m * n];
+            quant_linear_amx_emulated(simd, par, &x, m, &w, b.as_deref(), &mut got);
+            let what = format!("amx kernels (emulated tdpbsud, simd epilogue {simd})");
+            check(&got, &what, threads);
+            same(&got, &what);
+            if format.is_super() && m >= 16 && threads == 1 {
+                assert!(
+                    super_amx_products_run() > before,
+                    "{format:?} m={m} n={n} k={k}: the AMX path did not run"
+                );
+            }
         }
     }
 }
@@ -510,6 +531,36 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
                         tier.name()
                     );
                 }
+            }
+            // The AMX tier over the emulated AMX-INT8 tiles (16 rows at a time from 16 rows, padded).
+            let mut all = vec![0.0; m * n];
+            let before = super_amx_products_run();
+            quant_linear_amx_emulated(false, &Serial, &x, m, &w, None, &mut all);
+            if format.is_super() {
+                // 3 panels (2 + 1) x 18 sub-blocks (k = 576) per 16-row chunk.
+                let chunks = if m >= 16 { m.div_ceil(16) } else { 0 };
+                assert_eq!(
+                    super_amx_products_run() - before,
+                    chunks * 3 * 18,
+                    "amx (emulated) {format:?} m = {m}: tile products"
+                );
+            }
+            for i in 0..m {
+                let mut one = vec![0.0; n];
+                quant_linear_amx_emulated(
+                    false,
+                    &Serial,
+                    &x[i * k..(i + 1) * k],
+                    1,
+                    &w,
+                    None,
+                    &mut one,
+                );
+                assert_eq!(
+                    &all[i * n..(i + 1) * n],
+                    &one[..],
+                    "amx (emulated) {format:?}: row {i} of {m}"
+                );
             }
             // The AVX-VNNI tier's kernels (its own unpacked-codes tiles from 6 rows) over the exact
             // emulation of vpdpbusd, on any AVX2 CPU.

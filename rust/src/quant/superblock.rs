@@ -14,7 +14,7 @@
 //! split across threads gives the same bits as the scalar reference (`generic::tile`): a row's result
 //! never depends on the rows beside it (the server's exactness).
 //!
-//! The scalar, AVX-512 VNNI and AVX-VNNI tiers run this path. The AVX2 tier keeps its own tiles
+//! The scalar, AVX-512 VNNI, AVX-VNNI and AMX-INT8 (`amx.rs`: `tdpbsud` per sub-block) tiers run this path. The AVX2 tier keeps its own tiles
 //! (`quant/avx2.rs`, `quant/avx2_rows.rs`), whose Q4K order (the integer scale inside the widening
 //! `vpmaddwd`, d once per super-block) measured 10-25 % faster on AVX2 than this contract's.
 //!
@@ -37,6 +37,7 @@ use super::kblock::{sub_scales, super_bytes, Layout, SUBS, SUPER};
 use super::{store, Format, Job, QPANEL, QSUB};
 use crate::scratch::with_scratch;
 
+pub(super) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx512;
 pub(super) mod generic;

@@ -184,7 +184,7 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const Q6: boo
 ///
 /// # Safety
 /// The CPU has the tier (`quant::avx512::usable`); `t` is what the `superblock` driver gives a tile.
-unsafe fn tile(t: &Tile<'_>) -> usize {
+pub(super) unsafe fn tile(t: &Tile<'_>) -> usize {
     let (left, q6) = (t.left(), t.job.w.format == Format::Q6K);
     macro_rules! go {
         ($m:literal, $p:literal, $packed:literal) => {{
