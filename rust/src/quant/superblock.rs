@@ -230,13 +230,45 @@ pub(crate) unsafe fn run(kernels: &Kernels, job: &Job<'_>, panels: Range<usize>)
                 for i in rows.clone() {
                     for j in 0..np {
                         let at = yp.add((i - r0) * ystride + j * QPANEL);
-                        store(job, i, p0 + j, &*at.cast::<[f32; QPANEL]>());
+                        // SAFETY (both): `at` is this row's panel of the L1 sums, QPANEL floats.
+                        if !(unpack && store_stream(job, i, p0 + j, at)) {
+                            store(job, i, p0 + j, &*at.cast::<[f32; QPANEL]>());
+                        }
                     }
                 }
                 p0 += np;
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        if unpack {
+            // The streamed stores are weakly ordered: fence them before the task reports done.
+            std::arch::x86_64::_mm_sfence();
+        }
     });
+}
+
+/// A whole panel of row i without bias, 16-byte aligned: stored past the caches (no read for ownership
+/// of lines the prompt only writes). Returns false where it does not apply.
+#[inline(always)]
+unsafe fn store_stream(job: &Job<'_>, i: usize, p: usize, sums: *const f32) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let n = job.w.n;
+        let j0 = p * QPANEL;
+        let dst = job.y.get().add(i * n + j0);
+        if job.bias.is_some() || j0 + QPANEL > n || !(dst as usize).is_multiple_of(16) {
+            return false;
+        }
+        use std::arch::x86_64::*;
+        // SAFETY: dst..dst+QPANEL lies in row i of y (checked above) and is 16-byte aligned; SSE is
+        // baseline on x86_64.
+        for c in 0..4 {
+            _mm_stream_ps(dst.add(4 * c), _mm_loadu_ps(sums.add(4 * c)));
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Rows per block of `run`: as many as keep their activation codes within about 256 KB of L2 (k bytes
