@@ -51,26 +51,33 @@ pub(super) unsafe fn hmax(v: __m256) -> f32 {
     _mm_cvtss_f32(m)
 }
 
+/// 32 i32 codes packed to bytes in k order, clamped to [-127, 127] (packs saturates to [-128, 127]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
-}
-
-/// Eight i32 codes (clamped to [-127, 127]) packed to bytes, in order, at `out`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn store_codes(c: [__m256i; 4], out: *mut i8) {
+unsafe fn pack_codes(c: [__m256i; 4]) -> __m256i {
     // packs works within 128-bit lanes; the permute restores k order.
     let w16 = _mm256_packs_epi16(
         _mm256_packs_epi32(c[0], c[1]),
         _mm256_packs_epi32(c[2], c[3]),
     );
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    _mm256_storeu_si256(out.cast(), _mm256_permutevar8x32_epi32(w16, order));
+    _mm256_max_epi8(
+        _mm256_permutevar8x32_epi32(w16, order),
+        _mm256_set1_epi8(-127),
+    )
+}
+
+/// The sum of 32 signed byte codes: sad of the codes + 128 against zero adds them 8 at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn sum_codes(q: __m256i) -> i32 {
+    let t = _mm256_sad_epu8(
+        _mm256_xor_si256(q, _mm256_set1_epi8(-128)),
+        _mm256_setzero_si256(),
+    );
+    let t = _mm_add_epi64(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+    let t = _mm_add_epi64(t, _mm_unpackhi_epi64(t, t));
+    _mm_cvtsi128_si32(t) - 128 * QSUB as i32
 }
 
 /// # Safety
@@ -79,7 +86,6 @@ pub(super) unsafe fn store_codes(c: [__m256i; 4], out: *mut i8) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
     let sign = _mm256_set1_ps(-0.0);
-    let (lo, hi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
     for b in 0..x.len() / QSUB {
         let p = x.as_ptr().add(b * QSUB);
         let v = [
@@ -100,37 +106,31 @@ pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
             _mm256_set1_ps(id * LO as f32),
         );
         // Default MXCSR rounding is to nearest even, as the reference's round_ties_even; the residual
-        // is a separate multiply and subtract, as in the reference.
-        let round = |vi: __m256, by: __m256| {
-            _mm256_min_epi32(
-                _mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vi, by)), lo),
-                hi,
-            )
-        };
-        let c = v.map(|vi| round(vi, idv));
-        let mut c2 = c;
-        for h in 0..4 {
+        // is a separate multiply and subtract, as in the reference. |x * id| <= 127 for finite x, so the coarse codes need no clamp before the residual; the
+        // saturating packs and the max with -127 in `pack_codes` clamp both to [-127, 127] as the
+        // reference does.
+        let c = v.map(|vi| _mm256_cvtps_epi32(_mm256_mul_ps(vi, idv)));
+        let c2: [__m256i; 4] = std::array::from_fn(|h| {
             let r = _mm256_sub_ps(v[h], _mm256_mul_ps(_mm256_cvtepi32_ps(c[h]), ddv));
-            c2[h] = round(r, id2v);
-        }
-        let sum = |c: [__m256i; 4]| {
-            hsum_i32(_mm256_add_epi32(
-                _mm256_add_epi32(c[0], c[1]),
-                _mm256_add_epi32(c[2], c[3]),
-            ))
-        };
-        store_codes(c, out.q.add(b * QSUB));
-        store_codes(c2, out.q2.add(b * QSUB));
+            _mm256_cvtps_epi32(_mm256_mul_ps(r, id2v))
+        });
+        let (q, q2) = (pack_codes(c), pack_codes(c2));
+        _mm256_storeu_si256(out.q.add(b * QSUB).cast(), q);
+        _mm256_storeu_si256(out.q2.add(b * QSUB).cast(), q2);
         // fine = LO * q + q2 (within i16: |.| <= 254 * 127 + 127), in k order for the Q8 kernel.
-        let lo = _mm256_set1_epi32(LO);
-        let f: [__m256i; 4] =
-            std::array::from_fn(|h| _mm256_add_epi32(_mm256_mullo_epi32(c[h], lo), c2[h]));
-        for (h, pair) in [(0, [f[0], f[1]]), (1, [f[2], f[3]])] {
-            // packs interleaves the two inputs' 128-bit halves; the permute restores k order.
-            let v = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(pair[0], pair[1]));
-            _mm256_storeu_si256(out.fine.add(b * QSUB + 16 * h).cast(), v);
+        let lo16 = _mm256_set1_epi16(LO as i16);
+        for h in 0..2 {
+            let half = |v: __m256i| {
+                _mm256_cvtepi8_epi16(if h == 0 {
+                    _mm256_castsi256_si128(v)
+                } else {
+                    _mm256_extracti128_si256::<1>(v)
+                })
+            };
+            let f = _mm256_add_epi16(_mm256_mullo_epi16(half(q), lo16), half(q2));
+            _mm256_storeu_si256(out.fine.add(b * QSUB + 16 * h).cast(), f);
         }
-        let (s1, s2) = (sum(c), sum(c2));
+        let (s1, s2) = (sum_codes(q), sum_codes(q2));
         out.put(b, BlockCodes::new(dd, s1, s2));
     }
 }

@@ -31,7 +31,11 @@ pub fn usable() -> bool {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
 pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
     let sign = _mm512_set1_ps(-0.0);
-    let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
+    let lo = _mm512_set1_epi8(-127);
+    let bias = _mm512_set1_epi8(-128);
+    // packs interleaves its inputs per 128-bit lane: lane L of the packed bytes holds 4 codes each of
+    // c[0..16], c[16..32], c2[0..16], c2[16..32] (from 4L on); this gathers them back into k order.
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     for b in 0..x.len() / QSUB {
         let p = x.as_ptr().add(b * QSUB);
         let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
@@ -43,26 +47,30 @@ pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
             _mm512_set1_ps(dd),
             _mm512_set1_ps(id * LO as f32),
         );
-        let (mut s1, mut s2) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-        for (h, &vh) in v.iter().enumerate() {
-            // Default MXCSR rounding is to nearest even, as the reference's round_ties_even; the
-            // residual is a separate multiply and subtract, as in the reference.
-            let c = _mm512_min_epi32(
-                _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(vh, idv)), lo),
-                hi,
-            );
-            let r = _mm512_sub_ps(vh, _mm512_mul_ps(_mm512_cvtepi32_ps(c), ddv));
-            let c2 = _mm512_min_epi32(
-                _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(r, id2v)), lo),
-                hi,
-            );
-            let at = b * QSUB + h * 16;
-            _mm_storeu_si128(out.q.add(at).cast(), _mm512_cvtepi32_epi8(c));
-            _mm_storeu_si128(out.q2.add(at).cast(), _mm512_cvtepi32_epi8(c2));
-            s1 = _mm512_add_epi32(s1, c);
-            s2 = _mm512_add_epi32(s2, c2);
-        }
-        let (s1, s2) = (_mm512_reduce_add_epi32(s1), _mm512_reduce_add_epi32(s2));
+        // Default MXCSR rounding is to nearest even, as the reference's round_ties_even; the residual
+        // is a separate multiply and subtract, as in the reference. |x * id| <= 127 for finite x, so
+        // the coarse codes need no clamp before the residual; the saturating packs and the max with
+        // -127 below clamp both codes to [-127, 127] as the reference does.
+        let c = v.map(|vh| _mm512_cvtps_epi32(_mm512_mul_ps(vh, idv)));
+        let c2: [__m512i; 2] = std::array::from_fn(|h| {
+            let r = _mm512_sub_ps(v[h], _mm512_mul_ps(_mm512_cvtepi32_ps(c[h]), ddv));
+            _mm512_cvtps_epi32(_mm512_mul_ps(r, id2v))
+        });
+        let packed = _mm512_packs_epi16(
+            _mm512_packs_epi32(c[0], c[1]),
+            _mm512_packs_epi32(c2[0], c2[1]),
+        );
+        let codes = _mm512_max_epi8(_mm512_permutexvar_epi32(order, packed), lo);
+        let at = b * QSUB;
+        _mm256_storeu_si256(out.q.add(at).cast(), _mm512_castsi512_si256(codes));
+        _mm256_storeu_si256(out.q2.add(at).cast(), _mm512_extracti64x4_epi64::<1>(codes));
+        // Sums of the stored codes: sad of the codes + 128 against zero adds 8 at a time (qwords 0-3
+        // hold the coarse codes, 4-7 the residual); two in-lane steps total each half.
+        let t = _mm512_sad_epu8(_mm512_xor_si512(codes, bias), _mm512_setzero_si512());
+        let t = _mm512_add_epi64(t, _mm512_shuffle_epi32::<0b01_00_11_10>(t));
+        let t = _mm512_add_epi64(t, _mm512_shuffle_i64x2::<0b10_11_00_01>(t, t));
+        let s1 = _mm_cvtsi128_si32(_mm512_castsi512_si128(t)) - 128 * QSUB as i32;
+        let s2 = _mm_cvtsi128_si32(_mm512_extracti32x4_epi32::<2>(t)) - 128 * QSUB as i32;
         out.put(b, BlockCodes::new(dd, s1, s2));
     }
 }
