@@ -1,16 +1,18 @@
 """KwkDecoder int8 / int4 against llama.cpp Q8_0 / Q4_0 / Q4_K_M, interleaved in one run.
 
 For each model (``--models``: the real SmolLM2-135M and random-initialised SmolLM2-360M, Qwen2.5-0.5B,
-SmolLM2-1.7B with their published shapes): KwkDecoder ``precision="int8"`` and ``"int4"`` built from the bf16
-weights, and llama.cpp GGUFs of the same weights quantized by llama.cpp itself (``llama_model_quantize`` from
-the F32 export, cached). Each round times every contender's pp512 (one 512-token batch from an empty context)
-and tg128 (128 single-token steps after one warm-up token), llama-bench's definitions, 2 threads; medians over
+Qwen3-0.6B, SmolLM2-1.7B with their published shapes): KwkDecoder ``precision="int8"`` and ``"int4"``
+built from the bf16 weights, and llama.cpp GGUFs of the same weights quantized by llama.cpp itself
+(``llama_model_quantize`` from the F32 export, cached). Each round times every contender's pp512 (one
+512-token batch from an empty context; ``--prompt 2048`` for llama-bench's ``-p 2048``) and tg128 (128
+single-token steps after one warm-up token), llama-bench's definitions, 2 threads; medians over
 ``--rounds``. The decode floor is weight bytes per token / the STREAM triad measured between the rounds.
 
-Run: ``python benchmarks/bench_quant.py [--rounds 5] [--models ...] [--isa avx2]``; ``--isa avx2`` forces
-KwkDecoder's AVX2 tier and uses llama.cpp built for AVX2 only. "pp GMAC/s" counts the layers' matrices'
-multiply-adds per prompt token; "% of peak" sets it against this CPU's integer multiply-add peak for the tier's
-instruction (``rust/examples/dot_peak.rs``, measured at the start). Results: ``benchmarks/results/quant*.json``.
+Run: ``python benchmarks/bench_quant.py [--rounds 5] [--models ...] [--isa avx2] [--prompt 2048]``;
+``--isa avx2`` forces KwkDecoder's AVX2 tier and uses llama.cpp built for AVX2 only. "pp GMAC/s" counts
+the layers' matrices' multiply-adds per prompt token; "% of peak" sets it against this CPU's integer
+multiply-add peak for the tier's instruction (``rust/examples/dot_peak.rs``, measured at the start).
+Results: ``benchmarks/results/quant*.json``.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from kwker_torch import KwkDecoder
 from kwker_torch.peer.gguf_export import quantize
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
 
+MODELS_Q = [*MODELS, "Qwen3-0.6B"]  # bench_decoder's models and Qwen3's shape (GGUF architecture qwen3)
 OURS = ("int8", "int4")  # our precisions, each timed beside every llama.cpp format in PEERS
 PEERS = ["Q8_0", "Q4_0", "Q4_K_M"]
-HEADERS = ["model", "contender", "bits/weight", "MB/token", "pp512 tok/s", "tg128 tok/s", "pp vs Q8_0",
+HEADERS = ["model", "contender", "bits/weight", "MB/token", "pp tok/s", "tg128 tok/s", "pp vs Q8_0",
            "tg vs Q8_0", "pp vs Q4_0", "tg vs Q4_0", "pp vs Q4_K_M", "tg vs Q4_K_M", "floor / step",
            "pp GMAC/s", "pp % of peak"]  # fmt: skip
 
@@ -77,11 +80,12 @@ def layer_macs(model: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
 
 
-def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("nan")) -> None:
+def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("nan"), prompt: int = 512) -> None:
     model, label = load(name)
     macs = layer_macs(model)
     say(f"\n== {label}: KwkDecoder int8 / int4 and llama.cpp {', '.join(PEERS)}")
-    decs = {p: KwkDecoder.from_hf(model, precision=p, max_batch=1, max_context=1024) for p in OURS}
+    ctx = max(1024, prompt + 256)
+    decs = {p: KwkDecoder.from_hf(model, precision=p, max_batch=1, max_context=ctx) for p in OURS}
     paths = peer_ggufs(name, model, kind)
     del model
     gc.collect()
@@ -89,7 +93,7 @@ def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("na
     try:
         sysinfo = ""
         for ft, w in workers.items():
-            sysinfo = w.load(paths[ft], n_ctx=1024, n_batch=512).get("system_info", "")
+            sysinfo = w.load(paths[ft], n_ctx=ctx, n_batch=512).get("system_info", "")
         t: dict[str, dict[str, list[float]]] = {c: {"pp": [], "tg": []} for c in [*OURS, *PEERS]}
         triads: list[float] = []
         for r in range(rounds + 1):  # round 0 warms up
@@ -98,11 +102,11 @@ def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("na
             for c in t:
                 time.sleep(0.2)  # let the other contenders' spinning threads settle
                 if c in decs:
-                    pp, tg = kwk_pp(decs[c]), kwk_tg(decs[c])
+                    pp, tg = kwk_pp(decs[c], prompt), kwk_tg(decs[c])
                 else:
-                    pp, tg = workers[c].pp(512), workers[c].tg(128)
+                    pp, tg = workers[c].pp(prompt), workers[c].tg(128)
                 if r:
-                    t[c]["pp"].append(512 / pp)
+                    t[c]["pp"].append(prompt / pp)
                     t[c]["tg"].append(128 / tg)
             if r:
                 say(f"  round {r}: " + ", ".join(f"{c} pp {t[c]['pp'][-1]:.0f} tg {t[c]['tg'][-1]:.1f}" for c in t))
@@ -134,7 +138,8 @@ def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("na
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS_Q)
+    p.add_argument("--prompt", type=int, default=512, help="prompt tokens of the pp test (llama-bench -p)")
     p.add_argument("--isa", choices=["native", "avx2"], default="native")
     p.add_argument("--out", default=None, help="results/OUT.json (default quant, or quant_avx2 with --isa avx2)")
     a = p.parse_args()
@@ -143,12 +148,13 @@ def main() -> None:
     say(f"integer multiply-add peak ({instr}, 2 threads): {peak:.0f} GMAC/s")
     rows: list = []
     for name in a.models:
-        bench(name, a.rounds, a.isa, rows, peak)
+        bench(name, a.rounds, a.isa, rows, peak, a.prompt)
     say("\n" + table(HEADERS, rows))
     end = stream_triad_gbs()
     say(f"\nSTREAM triad at the end {end:.1f} GB/s")
     out = {"triad_gbs": triad, "triad_gbs_end": end, "rounds": a.rounds, "cpu_flags": cpu_flags(), "isa": a.isa,
-           "rows": rows, "headers": HEADERS, "peak_gmacs": peak, "peak_instruction": instr}  # fmt: skip
+           "rows": rows, "headers": HEADERS, "peak_gmacs": peak, "peak_instruction": instr,
+           "prompt_tokens": a.prompt}  # fmt: skip
     name = a.out or ("quant" if a.isa == "native" else "quant_avx2")
     say(f"saved {save(name, out)}")
 

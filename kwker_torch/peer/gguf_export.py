@@ -1,11 +1,12 @@
 """Writes a Hugging Face Llama-family model as a GGUF file llama.cpp runs; quantizes GGUF files.
 
 ``export_gguf(model, path, dtype="bf16", vocab_from=None)`` handles LlamaForCausalLM, MistralForCausalLM
-(GGUF architecture ``llama``) and Qwen2ForCausalLM (``qwen2``), tied or untied embeddings, q/k/v (and o)
+(GGUF architecture ``llama``), Qwen2ForCausalLM (``qwen2``) and Qwen3ForCausalLM (``qwen3``: its per-head q/k
+RMSNorm weights as ``attn_q_norm`` / ``attn_k_norm``), tied or untied embeddings, q/k/v (and o)
 biases. Tensor names, metadata and layout follow llama.cpp's ``convert_hf_to_gguf.py`` of the version in
 ``benchmarks/requirements-peers.txt``: for ``llama`` the q/k weights (and biases) are permuted from HF's
 half-split rotary layout to llama.cpp's interleaved one (``LlamaModel.permute``; k with the KV head count);
-``qwen2`` uses NEOX rotary and is written unpermuted. A llama3 ``rope_type`` becomes a ``rope_freqs``
+``qwen2`` and ``qwen3`` use NEOX rotary and are written unpermuted. A llama3 ``rope_type`` becomes a ``rope_freqs``
 tensor, linear/yarn scaling becomes metadata.
 
 Numerical contract: ``dtype="f32"`` writes every tensor as float32 (the model's values exactly; for a
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 SMOLLM2_VOCAB = 49152
-ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _DTYPES = {"f32": "F32", "float32": "F32", "bf16": "BF16", "bfloat16": "BF16", "f16": "F16", "float16": "F16"}
 
 
@@ -97,7 +98,7 @@ def _tensors(model: Any, arch: str) -> list[tuple[str, torch.Tensor]]:
 
     if "model.embed_tokens.weight" not in sd:
         raise ValueError("export_gguf: the model has no model.embed_tokens.weight; expected a *ForCausalLM of the "
-                         "Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)")
+                         "Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)")
     out: list[tuple[str, torch.Tensor]] = [("token_embd.weight", take("model.embed_tokens.weight"))]
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
@@ -115,6 +116,10 @@ def _tensors(model: Any, arch: str) -> list[tuple[str, torch.Tensor]]:
                 elif arch == "llama" and hf == "self_attn.k_proj":
                     t = _permute(t, n_kv)
                 out.append((f"blk.{i}.{gg}.{kind}", t))
+            if hf == "self_attn.k_proj":  # Qwen3's per-head q/k norms follow k, as the converter writes them
+                for norm in ("q_norm", "k_norm"):
+                    if f"{p}self_attn.{norm}.weight" in sd:
+                        out.append((f"blk.{i}.attn_{norm}.weight", take(f"{p}self_attn.{norm}.weight")))
         out.append((f"blk.{i}.ffn_norm.weight", take(p + "post_attention_layernorm.weight")))
     out.append(("output_norm.weight", take("model.norm.weight")))
     emb = model.get_input_embeddings().weight
@@ -127,7 +132,7 @@ def _tensors(model: Any, arch: str) -> list[tuple[str, torch.Tensor]]:
     unknown = [k for k in sd if k not in used and not k.endswith("rotary_emb.inv_freq")]
     if unknown:
         raise ValueError(f"export_gguf: tensors this exporter does not know how to write: {unknown[:5]}; "
-                         "only plain Llama/Mistral/Qwen2 decoder layers are supported")
+                         "only plain Llama/Mistral/Qwen2/Qwen3 decoder layers are supported")
     return out
 
 
@@ -198,7 +203,8 @@ def _hf_tokenizer(w: Any, n_vocab: int, folder: str, arch: str) -> None:
         else:
             tokens.append(t)
             types.append(gguf.TokenType.NORMAL)
-    pre = {"qwen2": "qwen2"}.get(arch) or {49152: "smollm", 128256: "llama-bpe"}.get(n_vocab, "default")
+    by_vocab = {49152: "smollm", 128256: "llama-bpe"}
+    pre = {"qwen2": "qwen2", "qwen3": "qwen2"}.get(arch) or by_vocab.get(n_vocab, "default")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -212,7 +218,7 @@ def _hf_tokenizer(w: Any, n_vocab: int, folder: str, arch: str) -> None:
 
 def export_gguf(model: Any, path: str, dtype: str = "bf16", vocab_from: str | None = None,
                 progress: bool | None = None) -> str:
-    """Writes ``model`` (an HF Llama/Mistral/Qwen2 causal LM) to ``path`` as GGUF F32/BF16/F16; returns path.
+    """Writes ``model`` (an HF Llama/Mistral/Qwen2/Qwen3 causal LM) to ``path`` as GGUF F32/BF16/F16; returns path.
 
     ``progress`` shows a tqdm bar while writing tensors (default: when the file is over 256 MB).
     """
