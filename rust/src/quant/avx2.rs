@@ -106,9 +106,9 @@ pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
             _mm256_set1_ps(id * LO as f32),
         );
         // Default MXCSR rounding is to nearest even, as the reference's round_ties_even; the residual
-        // is a separate multiply and subtract, as in the reference. |x * id| <= 127 for finite x, so the coarse codes need no clamp before the residual; the
-        // saturating packs and the max with -127 in `pack_codes` clamp both to [-127, 127] as the
-        // reference does.
+        // is a separate multiply and subtract, as in the reference. |x * id| <= 127 for finite x, so
+        // the coarse codes need no clamp before the residual; the saturating packs and the max with
+        // -127 in `pack_codes` clamp both to [-127, 127] as the reference does.
         let c = v.map(|vi| _mm256_cvtps_epi32(_mm256_mul_ps(vi, idv)));
         let c2: [__m256i; 4] = std::array::from_fn(|h| {
             let r = _mm256_sub_ps(v[h], _mm256_mul_ps(_mm256_cvtepi32_ps(c[h]), ddv));
