@@ -3,6 +3,9 @@
 //!
 //! Formats (one scale set per block of k, per output row):
 //! - `Q8`: value = d * c, c in [-127, 127], one f32 scale d per 64 values (8.5 bits per weight).
+//! - `Q80`: as Q8 with one scale per 32 values (9.0 bits per weight): the values of llama.cpp's Q8_0
+//!   (and of Q5_0 and Q4_0, whose codes fit in int8 under the same f16 scale) carried over exactly from a
+//!   GGUF file (`gguf.rs`); its f16 scales are kept as f32 so the Q8 kernels read them unchanged.
 //! - `Q4`: value = d * c + m, c in [0, 15], f16 d and f16 m per 32 values (5.0 bits per weight).
 //! - `Q4K`, `Q6K`: super-blocks of 256 values with 6-/8-bit scales per 32-value sub-block (4.5 and
 //!   6.3125 bits per weight; layout and values in `kblock`).
@@ -40,6 +43,7 @@ mod avxvnni;
 mod f16;
 mod fit;
 mod fit_k;
+pub mod gguf;
 pub mod kblock;
 
 use std::cell::RefCell;
@@ -65,19 +69,26 @@ const MIN_MACS_PER_TASK: usize = 1 << 17;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Format {
     Q8,
+    Q80,
     Q4,
     Q4K,
     Q6K,
 }
 
 impl Format {
-    pub const ALL: [Format; 4] = [Format::Q8, Format::Q4, Format::Q4K, Format::Q6K];
+    pub const ALL: [Format; 5] = [
+        Format::Q8,
+        Format::Q80,
+        Format::Q4,
+        Format::Q4K,
+        Format::Q6K,
+    ];
 
     /// Values of k sharing one scale (the super-block formats: one top-level scale).
     pub const fn block(self) -> usize {
         match self {
             Format::Q8 => 64,
-            Format::Q4 => 32,
+            Format::Q80 | Format::Q4 => 32,
             Format::Q4K | Format::Q6K => kblock::SUPER,
         }
     }
@@ -90,6 +101,11 @@ impl Format {
         }
     }
 
+    /// Whether values are 8-bit codes under one f32 scale per block (Q8, Q80: the same kernels).
+    pub const fn is_q8(self) -> bool {
+        matches!(self, Format::Q8 | Format::Q80)
+    }
+
     /// Whether values are stored in super-blocks (`kblock`).
     pub const fn is_super(self) -> bool {
         matches!(self, Format::Q4K | Format::Q6K)
@@ -99,6 +115,7 @@ impl Format {
     pub(crate) const fn block_bytes(self) -> usize {
         match self {
             Format::Q8 => QPANEL * 4 + QPANEL * 64,
+            Format::Q80 => QPANEL * 4 + QPANEL * 32,
             Format::Q4 => QPANEL * 2 * 2 + QPANEL * 16,
             Format::Q4K | Format::Q6K => kblock::super_bytes(self, kblock::SUBS),
         }
@@ -116,6 +133,7 @@ impl Format {
     pub fn name(self) -> &'static str {
         match self {
             Format::Q8 => "q8",
+            Format::Q80 => "q8_0",
             Format::Q4 => "q4",
             Format::Q4K => "q4k",
             Format::Q6K => "q6k",
@@ -135,7 +153,7 @@ impl Format {
     }
 }
 
-/// The reference form: `codes[j * k + kk]` (Q8 stored as `c + 128`, Q6K as `c + 32`),
+/// The reference form: `codes[j * k + kk]` (Q8 and Q80 stored as `c + 128`, Q6K as `c + 32`),
 /// `scales[j * nb + b]`, `mins[j * nb + b]` (Q4 and Q4K; f16-representable, as Q4's scales; Q4K's
 /// min is subtracted), with nb = ceil(k / block); the super-block formats' sub-block scales
 /// `subs[j * k / 32 + s]` (Q6K, an i8 as u8) or `subs[2 (j * k / 32 + s) + {0, 1}]` (Q4K's sc, mc).
@@ -174,6 +192,24 @@ impl QuantRows {
         }
     }
 
+    /// Matrices of one format and k stacked by rows (a fused projection's parts).
+    pub fn stack(parts: Vec<QuantRows>) -> QuantRows {
+        let mut it = parts.into_iter();
+        let mut q = it.next().expect("stack: at least one part");
+        for p in it {
+            assert!(
+                p.format == q.format && p.k == q.k,
+                "stack: parts differ in format or k"
+            );
+            q.n += p.n;
+            q.codes.extend(p.codes);
+            q.scales.extend(p.scales);
+            q.mins.extend(p.mins);
+            q.subs.extend(p.subs);
+        }
+        q
+    }
+
     /// Row-major [n, k] f32 values the codes stand for.
     pub fn dequantize(&self) -> Vec<f32> {
         let nb = self.k.div_ceil(self.format.block());
@@ -187,7 +223,7 @@ impl QuantRows {
             let b = j * nb + kk / self.format.block();
             let c = self.codes[i] as f32;
             *o = match self.format {
-                Format::Q8 => self.scales[b] * (c - 128.0),
+                Format::Q8 | Format::Q80 => self.scales[b] * (c - 128.0),
                 _ => self.scales[b] * c + self.mins[b],
             };
         }
@@ -208,6 +244,7 @@ impl QuantWeight {
     /// Packs the reference form. Panel p, block b starts at byte `(p * nb + b) * block_bytes`:
     /// - Q8: 16 f32 scales, then for each 32-k half and each group of 4 k, 16 rows x 4 codes
     ///   (`c + 128`; one 64-byte vector holds 4 consecutive k of 16 rows, as `vpdpbusd` reads them).
+    ///   Q80: the same with one 32-k half per block.
     /// - Q4: 16 f16 scales, 16 f16 mins, then for each group g of 8 k, 16 rows x 4 bytes whose low
     ///   nibbles are k = 8g..8g+3 and high nibbles k = 8g+4..8g+7.
     ///
@@ -249,15 +286,15 @@ impl QuantWeight {
                     let code = |kk: usize| -> u8 {
                         match (live, f) {
                             (true, _) => q.codes[j * k + b * f.block() + kk],
-                            (false, Format::Q8) => 128,
+                            (false, Format::Q8 | Format::Q80) => 128,
                             (false, _) => 0,
                         }
                     };
                     let s = if live { q.scales[j * nb + b] } else { 0.0 };
                     match f {
-                        Format::Q8 => {
+                        Format::Q8 | Format::Q80 => {
                             blk[r * 4..r * 4 + 4].copy_from_slice(&s.to_le_bytes());
-                            for kk in 0..64 {
+                            for kk in 0..f.block() {
                                 blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] = code(kk);
                             }
                         }
@@ -317,7 +354,9 @@ impl QuantWeight {
     fn scale(&self, j: usize, b: usize) -> f32 {
         let (blk, r) = (self.block_of(j, b), j % QPANEL);
         match self.format {
-            Format::Q8 => f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap()),
+            Format::Q8 | Format::Q80 => {
+                f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap())
+            }
             _ => f16_to_f32(u16::from_le_bytes([blk[r * 2], blk[r * 2 + 1]])),
         }
     }
@@ -331,7 +370,7 @@ impl QuantWeight {
         let bs = self.format.block();
         let (blk, r, t) = (self.block_of(j, kk / bs), j % QPANEL, kk % bs);
         match self.format {
-            Format::Q8 => blk[64 + (t / 4) * 64 + r * 4 + t % 4],
+            Format::Q8 | Format::Q80 => blk[64 + (t / 4) * 64 + r * 4 + t % 4],
             _ => {
                 let (g, h, u) = (t / 8, (t % 8) / 4, t % 4);
                 (blk[64 + g * 64 + r * 4 + u] >> (4 * h)) & 0x0f
@@ -417,7 +456,7 @@ impl QuantWeight {
         for (kk, o) in out[..self.k].iter_mut().enumerate() {
             let (s, c) = (self.scale(j, kk / bs), self.code(j, kk) as f32);
             *o = match self.format {
-                Format::Q8 => s * (c - 128.0),
+                Format::Q8 | Format::Q80 => s * (c - 128.0),
                 _ => s * c + self.min(j, kk / bs),
             };
         }

@@ -36,7 +36,9 @@ fn reference(x: &[f32], m: usize, w: &QuantWeight, bias: Option<&[f32]>) -> (Vec
         for t in 0..QSUB {
             // Q4, Q4K and Q6K read the coarse codes, Q8 the coarse and residual ones (module contract).
             xd[b * QSUB + t] = match w.format {
-                Format::Q8 => (LO as f64 * q[t] as f64 + q2[t] as f64) * c.d_fine as f64,
+                Format::Q8 | Format::Q80 => {
+                    (LO as f64 * q[t] as f64 + q2[t] as f64) * c.d_fine as f64
+                }
                 _ => q[t] as f64 * c.d as f64,
             };
         }
@@ -142,9 +144,14 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
 #[test]
 fn every_tier_matches_the_reference_on_awkward_shapes() {
     let mut rng = Rng::new(21);
-    for format in [Format::Q8, Format::Q4] {
+    for format in [Format::Q8, Format::Q80, Format::Q4] {
+        // Q80 also at k of an odd number of 32-blocks (its block is 32, Q8's 64).
+        let ks: &[usize] = match format {
+            Format::Q80 => &[32, 96, 128, 576],
+            _ => &[64, 128, 576],
+        };
         for &n in &[1, 15, 16, 17, 63, 65] {
-            for &k in &[64, 128, 576] {
+            for &k in ks {
                 for &m in &[1, 2, 3, 8, 9, 17] {
                     case(format, m, n, k, n % 2 == 1, &mut rng);
                 }
@@ -312,7 +319,7 @@ fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
                 // Q8: half a step of the unshrunk grid plus the largest clip (2 %); Q4: one step of
                 // a 15-step grid over [min, max], which is at most 2 * amax wide.
                 let bound = match format {
-                    Format::Q8 => 0.5 * amax / 127.0 + 0.021 * amax,
+                    Format::Q8 | Format::Q80 => 0.5 * amax / 127.0 + 0.021 * amax,
                     Format::Q4 => 2.0 * amax / 15.0,
                     Format::Q4K => 2.2 * smax / 15.0,
                     Format::Q6K => 1.5 * smax / 31.0,
@@ -430,7 +437,7 @@ fn packed_bytes_round_trip_and_damage_is_refused() {
         let mut nan = bytes.clone();
         // The first row's first scale: an f32 NaN (q8) or an f16 NaN (q4).
         match format {
-            Format::Q8 => nan[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
+            Format::Q8 | Format::Q80 => nan[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
             _ => nan[..2].copy_from_slice(&0x7e00u16.to_le_bytes()),
         }
         let err = QuantWeight::from_packed(format, n, k, nan).unwrap_err();

@@ -16,16 +16,18 @@ pub enum MatFormat {
     F32,
     Bf16,
     Q8,
+    Q80,
     Q4,
     Q4K,
     Q6K,
 }
 
 impl MatFormat {
-    pub const ALL: [MatFormat; 6] = [
+    pub const ALL: [MatFormat; 7] = [
         MatFormat::F32,
         MatFormat::Bf16,
         MatFormat::Q8,
+        MatFormat::Q80,
         MatFormat::Q4,
         MatFormat::Q4K,
         MatFormat::Q6K,
@@ -44,6 +46,7 @@ impl MatFormat {
         match self {
             MatFormat::F32 | MatFormat::Bf16 => None,
             MatFormat::Q8 => Some(Format::Q8),
+            MatFormat::Q80 => Some(Format::Q80),
             MatFormat::Q4 => Some(Format::Q4),
             MatFormat::Q4K => Some(Format::Q4K),
             MatFormat::Q6K => Some(Format::Q6K),
@@ -93,6 +96,7 @@ impl Mat {
             Mat::Panel(PanelWeight::Bf16 { .. }) => MatFormat::Bf16,
             Mat::Quant(q) => match q.format {
                 Format::Q8 => MatFormat::Q8,
+                Format::Q80 => MatFormat::Q80,
                 Format::Q4 => MatFormat::Q4,
                 Format::Q4K => MatFormat::Q4K,
                 Format::Q6K => MatFormat::Q6K,

@@ -175,15 +175,16 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
         let blk = base.add(b * bb);
         prefetch(f, blk, bb);
         match f {
-            Format::Q8 => {
+            Format::Q8 | Format::Q80 => {
                 // Each 16-byte quarter of a group (4 rows x 4 k) widens to u16 and meets the fine
                 // activation codes in one vpmaddwd: per row two i32 lanes, paired up by hadd into
                 // rows [0, 1, 4, 5 | 2, 3, 6, 7] (and 8 more), the order the scales are put in.
                 let dv = [0, 32].map(|o| {
                     _mm256_permutevar8x32_ps(_mm256_loadu_ps(blk.add(o).cast()), q8_order)
                 });
-                for h in 0..2 {
-                    let sb = b * 2 + h;
+                let halves = f.block() / QSUB;
+                for h in 0..halves {
+                    let sb = b * halves + h;
                     let mut acc = [[_mm256_setzero_si256(); 4]; M];
                     for g in 0..8 {
                         let at = blk.add(64 + h * 512 + g * 64);
@@ -252,7 +253,7 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
         }
     }
     for r in 0..M {
-        if f == Format::Q8 {
+        if f.is_q8() {
             y[r] = y[r].map(|v| _mm256_permutevar8x32_ps(v, q8_order));
         }
         let mut sums = [0.0f32; QPANEL];
@@ -520,7 +521,7 @@ pub(super) unsafe fn q4k_scales(
 pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
     let (sup, q4k) = (job.w.format.is_super(), job.w.format == Format::Q4K);
     assert!(
-        job.w.format != Format::Q8 || job.acts.fine.len() >= job.m * job.w.k(),
+        !job.w.format.is_q8() || job.acts.fine.len() >= job.m * job.w.k(),
         "quant avx2: Q8 needs the activations this tier quantized (their i16 fine codes)"
     );
     if sup && job.m >= super::avx2_rows::MIN_ROWS {

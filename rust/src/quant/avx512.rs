@@ -1,4 +1,4 @@
-//! AVX-512 VNNI tier of `quant_linear` for Q8 and Q4 (the super-block formats': `superblock/avx512.rs`):
+//! AVX-512 VNNI tier of `quant_linear` for Q8, Q80 and Q4 (the super-block formats': `superblock/avx512.rs`):
 //! `vpdpbusd` multiplies 4 unsigned weight codes by 4 signed
 //! activation codes and adds them into an i32 lane, 16 output rows per instruction; up to 8 x rows
 //! share each loaded weight vector.
@@ -115,10 +115,11 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
         let blk = base.add(b * bb);
         prefetch(f, blk, bb);
         match f {
-            Format::Q8 => {
+            Format::Q8 | Format::Q80 => {
                 let dv = _mm512_loadu_ps(blk.cast());
-                for h in 0..2 {
-                    let sb = b * 2 + h;
+                let halves = f.block() / QSUB;
+                for h in 0..halves {
+                    let sb = b * halves + h;
                     let mut acc = [_mm512_setzero_si512(); M];
                     let mut acc2 = [_mm512_setzero_si512(); M];
                     for g in 0..8 {

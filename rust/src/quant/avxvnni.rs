@@ -91,10 +91,11 @@ macro_rules! vnni_kernels {
                 } else {
                     _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast());
                 }
-                if f == Format::Q8 {
+                if f.is_q8() {
                     let dv = [0, 32].map(|o| _mm256_loadu_ps(blk.add(o).cast()));
-                    for h in 0..2 {
-                        let sb = b * 2 + h;
+                    let parts = f.block() / QSUB;
+                    for h in 0..parts {
+                        let sb = b * parts + h;
                         let mut acc = [[_mm256_setzero_si256(); 2]; M];
                         let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
                         for g in 0..8 {

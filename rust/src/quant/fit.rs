@@ -1,6 +1,6 @@
 //! The quantizers: f32 weights to the reference form (`QuantRows`), one block at a time.
 //!
-//! - Q8: d = s * max|w| / 127 for the s in `Q8_SHRINK` that minimises the weighted squared error
+//! - Q8, Q80: d = s * max|w| / 127 for the s in `Q8_SHRINK` that minimises the weighted squared error
 //!   (s = 1 is Q8_0's rule; a slightly smaller d rounds most values closer at the cost of clipping
 //!   the largest), c = round(w / d).
 //! - Q4: an asymmetric grid, d * c + m with c in 0..=15, fitted as llama.cpp's `make_qkx2_quants`
@@ -98,7 +98,7 @@ pub fn quantize(
                         let sub =
                             (r * k + cols.start) / QSUB * per..(r * k + cols.end) / QSUB * per;
                         match f {
-                            Format::Q8 => scales[r * nb + b] = fit_q8(x, wi, c),
+                            Format::Q8 | Format::Q80 => scales[r * nb + b] = fit_q8(x, wi, c),
                             Format::Q4 => {
                                 let (d, m) = fit_q4(x, wi, c);
                                 scales[r * nb + b] = d;

@@ -1,4 +1,4 @@
-//! Portable scalar tier of `quant_linear` for Q8 and Q4, and the test oracle for the SIMD tiers (the
+//! Portable scalar tier of `quant_linear` for Q8, Q80 and Q4, and the test oracle for the SIMD tiers (the
 //! super-block formats' is `superblock/generic.rs`).
 //!
 //! Numerical contract: exact i32 dot products per 32-block; each block's contribution
@@ -41,7 +41,9 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                         for t in 0..QSUB {
                             let kk = h * QSUB + t;
                             let c = match f {
-                                Format::Q8 => blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] as i32 - 128,
+                                Format::Q8 | Format::Q80 => {
+                                    blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] as i32 - 128
+                                }
                                 _ => {
                                     let (g, hi, u) = (kk / 8, (kk % 8) / 4, kk % 4);
                                     ((blk[64 + g * 64 + r * 4 + u] >> (4 * hi)) & 0x0f) as i32
@@ -51,7 +53,7 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                             dot2 += c * xq2[sb * QSUB + t] as i32;
                         }
                         let contrib = match f {
-                            Format::Q8 => {
+                            Format::Q8 | Format::Q80 => {
                                 let d =
                                     f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap());
                                 let fine = LO * dot + dot2;

@@ -1,0 +1,211 @@
+//! llama.cpp's GGUF tensor blocks read into this crate's reference form (`QuantRows`), so that a GGUF
+//! file's quantized matrices run as they are: repacked, not quantized again.
+//!
+//! Contract: where `exact_format` names a format, every value of the result (`QuantRows::dequantize`)
+//! equals ggml's own dequantization of the block bit for bit (the same f16 scales widened exactly, the
+//! same integer codes, the same float operations):
+//! - Q8_0, Q5_0 and Q4_0 -> `Q80`: d * c with ggml's f16 d and c = q, q - 16 or q - 8 (all within int8);
+//! - Q4_1 -> `Q4`: d * c + m with ggml's f16 d and m;
+//! - Q4_K -> `Q4K`: (d * sc) * c - dmin * m with ggml's f16 d and dmin and 6-bit sc and m per 32 values;
+//! - Q6_K -> `Q6K` when each 32 values' two 16-value scales are equal (this crate's Q6K has one i8 scale
+//!   per 32); otherwise its values (dequantized exactly) are quantized to `Q80`, whose 8-bit grid per 32
+//!   values moves each by at most half a step of 1/127 of its block's largest (`to_rows` says which).
+//!
+//! Block layouts are ggml's (`ggml-common.h`): little-endian, one row of k values = k / 32 (k / 256 for the
+//! K-quants) blocks.
+
+use super::{f16_to_f32, fit, Format, QuantOptions, QuantRows, QSUB};
+
+/// ggml type ids (`enum ggml_type`) this module reads.
+pub const F32: u32 = 0;
+pub const F16: u32 = 1;
+pub const Q4_0: u32 = 2;
+pub const Q4_1: u32 = 3;
+pub const Q5_0: u32 = 6;
+pub const Q8_0: u32 = 8;
+pub const Q4_K: u32 = 12;
+pub const Q6_K: u32 = 14;
+
+/// (values per block, bytes per block) of a ggml type read here.
+pub fn block_shape(ty: u32) -> Option<(usize, usize)> {
+    Some(match ty {
+        Q4_0 => (32, 18),
+        Q4_1 => (32, 20),
+        Q5_0 => (32, 22),
+        Q8_0 => (32, 34),
+        Q4_K => (256, 144),
+        Q6_K => (256, 210),
+        _ => return None,
+    })
+}
+
+/// The format that holds a ggml type's values exactly (Q6_K: only when its paired scales agree).
+pub fn exact_format(ty: u32) -> Option<Format> {
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 => Some(Format::Q80),
+        Q4_1 => Some(Format::Q4),
+        Q4_K => Some(Format::Q4K),
+        Q6_K => Some(Format::Q6K),
+        _ => None,
+    }
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// An [n, k] matrix of ggml type `ty` (`data`: its n rows of blocks, as in the file) in the reference form,
+/// and whether its values are the file's exactly (false: Q6_K quantized to Q80, see the module).
+pub fn to_rows(ty: u32, data: &[u8], n: usize, k: usize) -> Result<(QuantRows, bool), String> {
+    let (bs, bb) = block_shape(ty).ok_or_else(|| {
+        format!("ggml type {ty} has no repacking here (read: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")
+    })?;
+    if k == 0 || !k.is_multiple_of(bs) {
+        return Err(format!(
+            "k = {k} is not a multiple of the type's {bs}-value block"
+        ));
+    }
+    let row_bytes = k / bs * bb;
+    if Some(data.len()) != n.checked_mul(row_bytes) {
+        return Err(format!(
+            "{} bytes for a [{n}, {k}] matrix of ggml type {ty}, expected {}",
+            data.len(),
+            n.saturating_mul(row_bytes)
+        ));
+    }
+    let f = exact_format(ty).expect("every type with a block shape has a format");
+    if ty == Q6_K && !q6k_pairs_agree(data) {
+        let values = q6_k_values(data, n, k);
+        let opt = QuantOptions {
+            format: Format::Q80,
+            importance: None,
+            threads: 1,
+        };
+        return fit::quantize(&values, n, k, &opt).map(|q| (q, false));
+    }
+    let mut q = QuantRows::zeros(f, n, k);
+    for (j, row) in data.chunks_exact(row_bytes).enumerate() {
+        for (b, blk) in row.chunks_exact(bb).enumerate() {
+            let at = j * k + b * bs;
+            let codes = &mut q.codes[at..at + bs];
+            match ty {
+                Q8_0 | Q5_0 | Q4_0 => {
+                    q.scales[j * (k / 32) + b] = f16_at(blk, 0);
+                    for (t, c) in codes.iter_mut().enumerate() {
+                        // Stored c + 128 (the Q8 formats' unsigned codes).
+                        *c = (small_code(ty, blk, t) + 128) as u8;
+                    }
+                }
+                Q4_1 => {
+                    q.scales[j * (k / 32) + b] = f16_at(blk, 0);
+                    q.mins[j * (k / 32) + b] = f16_at(blk, 2);
+                    for (t, c) in codes.iter_mut().enumerate() {
+                        *c = (blk[4 + t % 16] >> (4 * (t / 16))) & 0x0f;
+                    }
+                }
+                Q4_K => {
+                    let nsb = k / 256;
+                    q.scales[j * nsb + b] = f16_at(blk, 0);
+                    q.mins[j * nsb + b] = f16_at(blk, 2);
+                    for s in 0..8 {
+                        let (sc, m) = k4_scale_min(&blk[4..16], s);
+                        let sub = (j * (k / QSUB) + b * 8 + s) * 2;
+                        q.subs[sub] = sc;
+                        q.subs[sub + 1] = m;
+                    }
+                    // 64-value chunk c: its first 32 values in the low nibbles of qs[32c..], the next 32 in
+                    // the high ones.
+                    for (t, c) in codes.iter_mut().enumerate() {
+                        let (chunk, half, l) = (t / 64, (t % 64) / 32, t % 32);
+                        *c = (blk[16 + 32 * chunk + l] >> (4 * half)) & 0x0f;
+                    }
+                }
+                _ => {
+                    // Q6_K with agreeing pairs: sub-block s's scale is its first 16 values'.
+                    q.scales[j * (k / 256) + b] = f16_at(blk, 208);
+                    for s in 0..8 {
+                        q.subs[j * (k / QSUB) + b * 8 + s] = blk[192 + 2 * s];
+                    }
+                    for (t, c) in codes.iter_mut().enumerate() {
+                        *c = q6_k_code(blk, t);
+                    }
+                }
+            }
+        }
+    }
+    Ok((q, true))
+}
+
+/// Code t of a Q8_0 / Q5_0 / Q4_0 block, signed.
+fn small_code(ty: u32, blk: &[u8], t: usize) -> i32 {
+    match ty {
+        Q8_0 => blk[2 + t] as i8 as i32,
+        Q4_0 => ((blk[2 + t % 16] >> (4 * (t / 16))) & 0x0f) as i32 - 8,
+        _ => {
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            let lo = ((blk[6 + t % 16] >> (4 * (t / 16))) & 0x0f) as u32;
+            (lo | (((qh >> t) & 1) << 4)) as i32 - 16
+        }
+    }
+}
+
+/// Q4_K's 6-bit scale and min of sub-block s from its 12 packed bytes (ggml's `get_scale_min_k4`).
+fn k4_scale_min(q: &[u8], s: usize) -> (u8, u8) {
+    if s < 4 {
+        (q[s] & 63, q[s + 4] & 63)
+    } else {
+        (
+            (q[s + 4] & 0x0f) | ((q[s - 4] >> 6) << 4),
+            (q[s + 4] >> 4) | ((q[s] >> 6) << 4),
+        )
+    }
+}
+
+/// Q6_K value t's code + 32 (0..=63): ql[128], qh[64], then 16 i8 scales and the f16 d. Each 128-value
+/// half h: l in 0..32 reads ql[64h + l] (low nibble: value l, high: l + 64) and ql[64h + 32 + l] (value
+/// l + 32, l + 96), their high 2 bits from qh[32h + l] at bits 0, 2, 4, 6 for values l, l + 32, l + 64, l + 96.
+fn q6_k_code(blk: &[u8], t: usize) -> u8 {
+    let (h, u) = (t / 128, t % 128);
+    let (quarter, l) = (u / 32, u % 32);
+    let ql = blk[64 * h + 32 * (quarter % 2) + l] >> (4 * (quarter / 2));
+    let qh = blk[128 + 32 * h + l] >> (2 * quarter);
+    (ql & 0x0f) | ((qh & 3) << 4)
+}
+
+/// Whether every Q6_K block's 16-value scales agree in pairs (values 32s..32s+32 under one scale).
+fn q6k_pairs_agree(data: &[u8]) -> bool {
+    data.chunks_exact(210)
+        .all(|b| (0..8).all(|s| b[192 + 2 * s] == b[193 + 2 * s]))
+}
+
+/// A Q6_K matrix's values as ggml dequantizes them: (d * sc) * (code - 32), exact in f32.
+fn q6_k_values(data: &[u8], n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; n * k];
+    for (blk, o) in data.chunks_exact(210).zip(out.chunks_exact_mut(256)) {
+        let d = f16_at(blk, 208);
+        for (t, v) in o.iter_mut().enumerate() {
+            let sc = blk[192 + t / 16] as i8 as f32;
+            *v = d * sc * (q6_k_code(blk, t) as f32 - 32.0);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_k_scale_unpacking_reads_all_six_bits() {
+        // Sub-blocks 4..8 take their top 2 bits from the high bits of bytes 0..8.
+        let q = [0xffu8; 12];
+        for s in 0..8 {
+            assert_eq!(k4_scale_min(&q, s), (63, 63));
+        }
+        let mut q = [0u8; 12];
+        q[8] = 0x21; // sub-block 4: sc low 4 bits 1, m low 4 bits 2
+        q[0] = 0xc0; // sub-block 4's sc high bits 3
+        q[4] = 0x40; // sub-block 4's m high bits 1
+        assert_eq!(k4_scale_min(&q, 4), (1 | (3 << 4), 2 | (1 << 4)));
+    }
+}
