@@ -11,20 +11,21 @@ use kwker_kernels::decoder::builder::{Builder, Data, Store};
 use kwker_kernels::decoder::recipe::{Limits, Recipe};
 use kwker_kernels::decoder::tensors::{present, TABLE};
 use kwker_kernels::decoder::weights::MatFormat;
-use kwker_kernels::quant::Format;
+use kwker_kernels::quant::{gguf, Format};
 use serde_json::json;
 use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
 /// Version of this boundary; `native.py` refuses a library of another.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// Element types a tensor can be handed over in.
 const DTYPES: [&str; 2] = ["f32", "bf16"];
 
 /// The codes of this boundary as JSON: {"version", "tensors": [{name, per_layer, per_expert, matrix, about}],
 /// "dtypes", "formats", "stores", "quant": [{name, granule, bits, super_row_bytes}], "logits": {mode: code},
-/// "finish": {code: reason}}. "quant" is the quantized formats' table (`quant::Format`): what k must be a
+/// "finish": {code: reason}, "gguf": {ggml type name: id}}. "gguf" lists the GGUF tensor types
+/// `kwker_decoder_set_gguf` repacks (`quant::gguf`); "quant" is the quantized formats' table (`quant::Format`): what k must be a
 /// multiple of, bits per weight of whole blocks, and for the super-block formats the bytes per row of a
 /// super-block of t = 0..=8 sub-blocks (null otherwise), so the Python side never copies it.
 ///
@@ -57,6 +58,7 @@ pub unsafe extern "C" fn kwker_decoder_abi(
             })),
             "logits": LOGITS_CODES.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
             "finish": FINISH_CODES.iter().map(|(n, c)| (c.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "gguf": GGUF_TYPES.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
         });
         // SAFETY: forwarded caller guarantees.
         unsafe { write_out(abi.to_string().as_bytes(), out, cap, needed) }
@@ -255,6 +257,74 @@ pub unsafe extern "C" fn kwker_decoder_set_packed(
         let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
         let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
         bd.set_packed(name, layer, expert, f, rows, cols, bytes)
+    })
+}
+
+/// The GGUF tensor types `kwker_decoder_set_gguf` repacks, by ggml's names.
+const GGUF_TYPES: [(&str, u32); 6] = [
+    ("Q4_0", gguf::Q4_0),
+    ("Q4_1", gguf::Q4_1),
+    ("Q5_0", gguf::Q5_0),
+    ("Q8_0", gguf::Q8_0),
+    ("Q4_K", gguf::Q4_K),
+    ("Q6_K", gguf::Q6_K),
+];
+
+/// A matrix from a GGUF file's quantized blocks (`Builder::set_gguf`): `nparts` parts of ggml type
+/// `types[i]` and `rows[i]` rows, their bytes one after another in `data`. Writes the stored format's name
+/// into `format` (16 bytes) and 1 into `exact` when every value is the file's.
+///
+/// # Safety
+/// `b` a live builder; `name` NUL-terminated; `types` and `rows` hold `nparts` values; `data` holds
+/// `len` bytes (null only when 0); `format` writable for 16 bytes, `exact` for one i32.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_set_gguf(
+    b: *mut c_void,
+    name: *const c_char,
+    layer: i64,
+    expert: i64,
+    types: *const u32,
+    rows: *const i64,
+    nparts: usize,
+    data: *const u8,
+    len: usize,
+    cols: i64,
+    format: *mut c_char,
+    exact: *mut i32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantees (here and below).
+        let bd = unsafe { builder(b)? };
+        let name = unsafe { c_str(name, "the tensor name")? };
+        if nparts == 0 || types.is_null() || rows.is_null() || format.is_null() || exact.is_null() {
+            return Err("set_gguf needs at least one part and non-null out-pointers".into());
+        }
+        // SAFETY: types and rows hold nparts values (caller's contract, non-null checked above).
+        let (tys, ns) = unsafe {
+            (
+                std::slice::from_raw_parts(types, nparts),
+                std::slice::from_raw_parts(rows, nparts),
+            )
+        };
+        let parts = tys
+            .iter()
+            .zip(ns)
+            .map(|(&t, &n)| Ok((t, size(n, "rows")?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        // SAFETY: data holds len bytes (caller's contract); null only when len is 0.
+        let bytes = unsafe { raw_slice(data, len) };
+        let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
+        let (f, ex) = bd.set_gguf(name, layer, expert, &parts, size(cols, "cols")?, bytes)?;
+        let fname = f.name().as_bytes();
+        // SAFETY: format is writable for 16 bytes and every format name is shorter; exact is writable.
+        unsafe {
+            std::ptr::copy_nonoverlapping(fname.as_ptr(), format as *mut u8, fname.len());
+            *format.add(fname.len()) = 0;
+            *exact = i32::from(ex);
+        }
+        Ok(())
     })
 }
 

@@ -18,7 +18,7 @@ import torch
 
 from .. import _native
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 ERR_LEN = 2048
 
 LIB = _native.LIB
@@ -45,6 +45,9 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "kwker_decoder_builder": (P, [STR, I64, I64, I64, STR, SZ]),
     "kwker_decoder_set": (I32, [P, STR, I64, I64, STR, P, I64, I64, STR, P, STR, SZ]),
     "kwker_decoder_set_packed": (I32, [P, STR, I64, I64, STR, P, SZ, I64, I64, STR, SZ]),
+    "kwker_decoder_set_gguf": (
+        I32, [P, STR, I64, I64, ctypes.POINTER(ctypes.c_uint32), i64p, SZ, P, SZ, I64, STR, i32p, STR, SZ],
+    ),
     "kwker_decoder_build": (P, [P, STR, SZ]),
     "kwker_decoder_builder_free": (None, [P]),
     "kwker_decoder_free": (None, [P]),
@@ -112,6 +115,8 @@ LOGITS: dict[str, int] = ABI["logits"]
 FINISH: dict[int, str] = {int(c): n for c, n in ABI["finish"].items()}
 # The quantized formats' table (rust/src/quant.rs: Format), by name: {granule, bits, super_row_bytes}.
 QUANT_FORMATS: dict[str, dict[str, Any]] = {f["name"]: f for f in ABI["quant"]}
+# GGUF tensor types the library repacks without changing a value (rust/src/quant/gguf.rs), name -> ggml id.
+GGUF_TYPES: dict[str, int] = ABI["gguf"]
 DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 assert set(DTYPES.values()) == set(ABI["dtypes"]), "the library's dtypes changed; update native.DTYPES"
 
@@ -156,6 +161,20 @@ class Builder:
         rc = LIB.kwker_decoder_set_packed(self.b, name.encode(), layer, expert, fmt.encode(), data.data_ptr(),
                                           data.numel(), rows, cols, self.err, ERR_LEN)  # fmt: skip
         check(rc, self.err, ValueError)
+
+    def set_gguf(self, name: str, layer: int, parts: list[tuple[int, int]], data: Any, cols: int,
+                 expert: int = 0) -> tuple[str, bool]:  # fmt: skip
+        """A matrix from a GGUF file's blocks: ``parts`` = [(ggml type id, rows)] stacked in order, ``data`` their
+        rows of blocks one after another (a contiguous uint8 numpy array). Returns (format stored, whether every
+        value is the file's)."""
+        types = (ctypes.c_uint32 * len(parts))(*[t for t, _ in parts])
+        rows = (ctypes.c_int64 * len(parts))(*[n for _, n in parts])
+        fmt, exact = ctypes.create_string_buffer(16), ctypes.c_int32()
+        rc = LIB.kwker_decoder_set_gguf(self.b, name.encode(), layer, expert, types, rows, len(parts),
+                                        data.ctypes.data, data.nbytes, cols, fmt, ctypes.byref(exact), self.err,
+                                        ERR_LEN)  # fmt: skip
+        check(rc, self.err, ValueError)
+        return fmt.value.decode(), bool(exact.value)
 
     def build(self) -> int:
         b, self.b = self.b, None

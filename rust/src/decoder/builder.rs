@@ -7,7 +7,7 @@ use super::recipe::{Limits, Recipe};
 use super::tensors::{present, Tensor};
 use super::weights::{Mat, MatFormat, Stored, Weights};
 use super::Decoder;
-use crate::quant::{quantize, Format, QuantOptions, QuantWeight};
+use crate::quant::{gguf, quantize, Format, QuantOptions, QuantRows, QuantWeight};
 
 /// Tensor data as handed over: bf16 bits or f32 values, row-major [rows, cols].
 pub enum Data<'a> {
@@ -215,6 +215,79 @@ impl Builder {
             .map_err(|e| format!("{}: {e}", describe(t, layer, expert)))?;
         self.w.put(t, layer, expert, Stored::Mat(m));
         Ok(())
+    }
+
+    /// A matrix from a GGUF file's blocks (`quant::gguf`): `parts` are (ggml type, rows) stacked in order
+    /// (a fused projection's q, k, v from three tensors), `bytes` their rows of blocks one after another.
+    /// Returns the format stored and whether every value is the file's exactly: parts of one format are
+    /// repacked as they are; parts whose exact formats differ are dequantized and quantized together to
+    /// the widest of them (a Q4_K_M file's q/k in Q4_K beside v in Q6_K), which the caller reports.
+    pub fn set_gguf(
+        &mut self,
+        name: &str,
+        layer: usize,
+        expert: usize,
+        parts: &[(u32, usize)],
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<(Format, bool), String> {
+        if parts.is_empty() {
+            return Err(format!("{name}: a GGUF matrix needs at least one part"));
+        }
+        let rows = parts.iter().map(|p| p.1).sum();
+        let t = self.resolve(name, layer, expert, rows, cols)?;
+        let expert = if t.spec().per_expert { expert } else { 0 };
+        if !t.spec().matrix {
+            return Err(format!("{} is not a matrix", describe(t, layer, expert)));
+        }
+        let what = |e: String| format!("{}: {e}", describe(t, layer, expert));
+        let mut read = Vec::with_capacity(parts.len());
+        let mut at = 0usize;
+        for &(ty, n) in parts {
+            let (bs, bb) = gguf::block_shape(ty)
+                .ok_or_else(|| what(format!("ggml type {ty} is not repacked here")))?;
+            let len = n.saturating_mul(cols.div_ceil(bs) * bb);
+            let part = bytes.get(at..at.saturating_add(len)).ok_or_else(|| {
+                what(format!(
+                    "{} bytes are fewer than its parts need",
+                    bytes.len()
+                ))
+            })?;
+            read.push(gguf::to_rows(ty, part, n, cols).map_err(what)?);
+            at += len;
+        }
+        if at != bytes.len() {
+            return Err(what(format!("{} bytes, its parts take {at}", bytes.len())));
+        }
+        let first = read[0].0.format;
+        let (q, exact) = if read.iter().all(|(q, _)| q.format == first) {
+            let exact = read.iter().all(|r| r.1);
+            (
+                QuantRows::stack(read.into_iter().map(|r| r.0).collect()),
+                exact,
+            )
+        } else {
+            let widest = read
+                .iter()
+                .map(|r| r.0.format)
+                .max_by(|a, b| a.bits_per_weight().total_cmp(&b.bits_per_weight()))
+                .expect("at least one part");
+            let values: Vec<f32> = read.iter().flat_map(|r| r.0.dequantize()).collect();
+            let opt = QuantOptions {
+                format: widest,
+                importance: None,
+                threads: self.quant_threads,
+            };
+            (quantize(&values, rows, cols, &opt).map_err(what)?, false)
+        };
+        let format = q.format;
+        self.w.put(
+            t,
+            layer,
+            expert,
+            Stored::Mat(Mat::Quant(QuantWeight::pack(&q))),
+        );
+        Ok((format, exact))
     }
 
     /// The decoder, once every tensor the recipe has has been given.
