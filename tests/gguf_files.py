@@ -8,6 +8,7 @@ come from llama.cpp's converter; this writer exists so the tests need neither it
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,9 +36,16 @@ def _value(v: Any) -> tuple[Any, Any]:
     return float(v), gguf.GGUFValueType.FLOAT32
 
 
-def write_gguf(model: torch.nn.Module, path: str, tokenizer: bool = True) -> str:
+# (GGUF tensor name, float32 values in the file's layout) -> (raw bytes [rows, bytes per row], ggml type), or
+# None to store the values as float32.
+Quantizer = Callable[[str, np.ndarray], "tuple[np.ndarray, Any] | None"]
+
+
+def write_gguf(model: torch.nn.Module, path: str, tokenizer: bool = True, quantize: Quantizer | None = None) -> str:
     """``model`` as a float32 GGUF at ``path`` that transformers loads back as the same model (with the real
-    SmolLM2's tokenizer metadata when ``tokenizer``: 49152 tokens, which take seconds to write and read)."""
+    SmolLM2's tokenizer metadata when ``tokenizer``: 49152 tokens, which take seconds to write and read).
+    ``quantize`` stores chosen tensors in a quantized ggml type instead (transformers then loads back their
+    dequantized values)."""
     import gguf
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
@@ -81,7 +89,12 @@ def write_gguf(model: torch.nn.Module, path: str, tokenizer: bool = True) -> str
         elif arch == "gpt2" and any(n in gname for n in ("attn_qkv.weight", "ffn_down.weight", "ffn_up.weight",
                                                          "attn_output.weight")):  # fmt: skip
             t = t.t()
-        w.add_tensor(gname, np.ascontiguousarray(t.numpy()))
+        values = np.ascontiguousarray(t.numpy())
+        q = quantize(gname, values) if quantize is not None else None
+        if q is None:
+            w.add_tensor(gname, values)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(q[0]), raw_dtype=q[1])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

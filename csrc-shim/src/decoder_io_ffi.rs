@@ -5,7 +5,7 @@
 use crate::decoder_handle::{c_str, handle, lock, size, write_out};
 use crate::error::guarded;
 use kwker_kernels::decoder::tensors::{present, Tensor};
-use kwker_kernels::decoder::weights::Stored;
+use kwker_kernels::decoder::weights::{Mat, Stored};
 use serde_json::json;
 use std::ffi::{c_char, c_void};
 
@@ -66,6 +66,81 @@ pub unsafe extern "C" fn kwker_decoder_export(
     err: *mut c_char,
     err_len: usize,
 ) -> i32 {
+    // SAFETY: forwarded caller guarantees.
+    unsafe {
+        export(
+            h,
+            name,
+            layer,
+            expert,
+            false,
+            (fmt, rows, cols),
+            buf,
+            buf_len,
+            needed,
+            err,
+            err_len,
+        )
+    }
+}
+
+/// As `kwker_decoder_export`, but the bytes are the tensor's values as little-endian f32, row after row
+/// (a quantized matrix dequantized exactly as the kernels read it): what tests and reports compare.
+///
+/// # Safety
+/// As `kwker_decoder_export`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_decoder_export_values(
+    h: *mut c_void,
+    name: *const c_char,
+    layer: i64,
+    expert: i64,
+    fmt: *mut c_char,
+    rows: *mut i64,
+    cols: *mut i64,
+    buf: *mut u8,
+    buf_len: usize,
+    needed: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    // SAFETY: forwarded caller guarantees.
+    unsafe {
+        export(
+            h,
+            name,
+            layer,
+            expert,
+            true,
+            (fmt, rows, cols),
+            buf,
+            buf_len,
+            needed,
+            err,
+            err_len,
+        )
+    }
+}
+
+/// The two exports' one body: `values` picks f32 values over the stored bytes.
+///
+/// # Safety
+/// As `kwker_decoder_export`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn export(
+    h: *mut c_void,
+    name: *const c_char,
+    layer: i64,
+    expert: i64,
+    values: bool,
+    (fmt, rows, cols): (*mut c_char, *mut i64, *mut i64),
+    buf: *mut u8,
+    buf_len: usize,
+    needed: *mut usize,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
     guarded(err, err_len, || {
         // SAFETY: forwarded caller guarantees (here and below).
         let h = unsafe { handle(h)? };
@@ -78,13 +153,25 @@ pub unsafe extern "C" fn kwker_decoder_export(
         let dec = lock(h);
         let w = dec.weights();
         let missing = || format!("this decoder holds no {name} for layer {layer}, expert {expert}");
+        let mat_out = |m: &Mat| -> Vec<u8> {
+            if !values {
+                return m.packed_bytes();
+            }
+            let mut row = vec![0f32; m.cols()];
+            let mut out = Vec::with_capacity(m.rows() * m.cols() * 4);
+            for r in 0..m.rows() {
+                m.row_f32(r, &mut row);
+                out.extend(row.iter().flat_map(|x| x.to_le_bytes()));
+            }
+            out
+        };
         let (format, [r, c], bytes): (&str, [usize; 2], Vec<u8>) = if t.spec().per_expert {
             let m = w.expert_mat(t, layer, expert).ok_or_else(missing)?;
-            (m.format().name(), [m.rows(), m.cols()], m.packed_bytes())
+            (m.format().name(), [m.rows(), m.cols()], mat_out(m))
         } else {
             let s = w.get(t, layer).ok_or_else(missing)?;
             match s {
-                Stored::Mat(m) => (m.format().name(), s.shape(), m.packed_bytes()),
+                Stored::Mat(m) => (m.format().name(), s.shape(), mat_out(m)),
                 Stored::Vec(v) => (
                     "vector",
                     s.shape(),

@@ -82,6 +82,12 @@ class _Installed:
         prompt_cache: bool = True,
     ) -> None:
         self.precision, self.max_batch, self.max_context = precision, max_batch, max_context
+        self.gguf = build_kw.pop("gguf", None)  # the GGUF file the model was loaded from: run its tensors as stored
+        if self.gguf is not None and (precision != "preserve" or build_kw):
+            raise ValueError(f"kwker decode.install(gguf=...) runs the file's tensors as stored, so precision must be "
+                             f"'preserve' and there is nothing to calibrate or override (got precision={precision!r}"
+                             f"{', ' + ', '.join(build_kw) if build_kw else ''}); drop gguf= to quantize the model's "
+                             "weights instead")  # fmt: skip
         self.build_kw = build_kw
         self.prompt_cache = prompt_cache
         self.sequences = 0  # sequence batches started, and prompt tokens the prompt cache spared reading
@@ -94,7 +100,12 @@ class _Installed:
         self.build(model)
 
     def build(self, model: torch.nn.Module) -> None:
-        self.decoder = KwkDecoder.from_hf(model, self.precision, self.max_batch, self.max_context, **self.build_kw)
+        if self.gguf is not None:
+            self.decoder = KwkDecoder.from_gguf(self.gguf, self.max_batch, self.max_context)
+            _check_same_model(model, self.decoder, self.gguf)
+        else:
+            self.decoder = KwkDecoder.from_hf(model, self.precision, self.max_batch, self.max_context,
+                                              **self.build_kw)  # fmt: skip
         self.snap = _snapshot(model)
         self.free = list(range(self.max_batch))
         self.leases: OrderedDict[int, weakref.ref] = OrderedDict()  # id(cache) -> cache, least recent first
@@ -103,7 +114,9 @@ class _Installed:
     def refresh(self, model: torch.nn.Module) -> None:
         """Rebuilds the decoder when the model's parameters changed since it was built."""
         if _changed(model, self.snap):
-            log.info("kwker decode: the model's weights changed since install(); rebuilding its decoder")
+            log.info("kwker decode: the model's weights changed since install(); rebuilding its decoder%s",
+                     " from them (no longer from the GGUF file)" if self.gguf else "")  # fmt: skip
+            self.gguf = None
             for ref in list(self.leases.values()):
                 c = ref()
                 if c is not None:
@@ -432,9 +445,11 @@ def install(
     """Runs ``model``'s forward and ``generate()`` on a KwkDecoder built from its weights. ``max_batch``
     sequences (batch rows) can be in flight at once, each up to ``max_context`` tokens (default: the model's
     ``max_position_embeddings`` capped at 4096). ``precision`` and the keywords (``calib=``, ``tokenizer=``,
-    ``formats=``) are ``KwkDecoder.from_hf``'s. ``prompt_cache``: a generate() whose prompt starts with
-    what an idle slot holds (the previous turn of a chat) reads only the rest; the idle slots are the cache
-    (least recently used reused first). Installing again rebuilds the decoder. Returns the model."""
+    ``formats=``) are ``KwkDecoder.from_hf``'s; ``gguf=FILE`` (a model loaded with ``from_pretrained(...,
+    gguf_file=FILE)``) runs the file's own tensors as stored instead (``KwkDecoder.from_gguf``).
+    ``prompt_cache``: a generate() whose prompt starts with what an idle slot holds (the previous turn of a
+    chat) reads only the rest; the idle slots are the cache (least recently used reused first). Installing
+    again rebuilds the decoder. Returns the model."""
     if getattr(model, ATTR, None) is not None:
         uninstall(model)
     from . import generic
@@ -452,6 +467,18 @@ def install(
     model.forward = forward  # type: ignore[method-assign]
     hf_lookup.hook(model, lambda gen: setattr(inst, "lookup", gen))
     return model
+
+
+def _check_same_model(model: torch.nn.Module, dec: KwkDecoder, path: str) -> None:
+    """The GGUF file given to install() holds this model's architecture (its values are the user's word)."""
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "intermediate_size")  # fmt: skip
+    ours = {k: getattr(model.config, k, None) for k in keys}
+    file = {k: getattr(dec.config, k, None) for k in keys}
+    if ours != file:
+        diff = {k: (ours[k], file[k]) for k in keys if ours[k] != file[k]}
+        raise ValueError(f"kwker decode.install(gguf={path!r}): the file is not this model ((model, file): {diff}); "
+                         "pass the GGUF file the model was loaded from, or drop gguf=")  # fmt: skip
 
 
 class _CompiledInstall:

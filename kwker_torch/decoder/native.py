@@ -53,6 +53,7 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "kwker_decoder_free": (None, [P]),
     "kwker_decoder_describe": (I32, [P, P, SZ, SZP, STR, SZ]),
     "kwker_decoder_export": (I32, [P, STR, I64, I64, STR, i64p, i64p, P, SZ, SZP, STR, SZ]),
+    "kwker_decoder_export_values": (I32, [P, STR, I64, I64, STR, i64p, i64p, P, SZ, SZP, STR, SZ]),
     "kwker_decoder_weight_bytes": (I64, [P]),
     "kwker_decoder_step": (I32, [P, I64, i64p, i64p, i64p, i32p, f32p, I64, STR, SZ]),
     "kwker_decoder_slot_len": (I64, [P, I64]),
@@ -194,14 +195,16 @@ def describe(h: Any) -> dict[str, Any]:
     return json.loads(sized(LIB.kwker_decoder_describe, h))
 
 
-def export(h: Any, name: str, layer: int, expert: int = 0) -> tuple[str, int, int, bytes]:
-    """(format, rows, cols, bytes) of one stored tensor, exactly as the decoder holds it."""
+def export(h: Any, name: str, layer: int, expert: int = 0, values: bool = False) -> tuple[str, int, int, bytes]:
+    """(format, rows, cols, bytes) of one stored tensor, exactly as the decoder holds it (``values``: its values
+    as little-endian float32 instead, a quantized matrix dequantized as the kernels read it)."""
+    fn = LIB.kwker_decoder_export_values if values else LIB.kwker_decoder_export
     err, fmt = err_buf(), ctypes.create_string_buffer(16)
     rows, cols, need = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_size_t()
     args = (h, name.encode(), layer, expert, fmt, ctypes.byref(rows), ctypes.byref(cols))
-    check(LIB.kwker_decoder_export(*args, None, 0, ctypes.byref(need), err, ERR_LEN), err, ValueError)
+    check(fn(*args, None, 0, ctypes.byref(need), err, ERR_LEN), err, ValueError)
     buf = (ctypes.c_uint8 * max(need.value, 1))()
-    check(LIB.kwker_decoder_export(*args, buf, need.value, ctypes.byref(need), err, ERR_LEN), err, ValueError)
+    check(fn(*args, buf, need.value, ctypes.byref(need), err, ERR_LEN), err, ValueError)
     return fmt.value.decode(), rows.value, cols.value, bytes(buf)[: need.value]
 
 

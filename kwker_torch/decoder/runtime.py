@@ -118,6 +118,18 @@ class KwkDecoder:
         return build.from_hf(cls, model, precision, max_batch, max_context, calib=calib, tokenizer=tokenizer,
                              formats=formats)  # fmt: skip
 
+    @classmethod
+    def from_gguf(
+        cls, path: str | os.PathLike[str], max_batch: int = 1, max_context: int | None = None
+    ) -> KwkDecoder:
+        """Builds a decoder from a llama.cpp GGUF file as it is: its quantized tensors repacked into this
+        library's formats without changing a value where a format holds them (``gguf.py`` lists which),
+        ``dec.info["gguf"]`` saying which tensors came over exactly. The config comes from the file; its
+        tokenizer loads with ``AutoTokenizer.from_pretrained(folder, gguf_file=name)``."""
+        from . import gguf
+
+        return gguf.from_gguf(cls, path, max_batch, max_context)
+
     # ---- what save/load, the prompt cache and reports read
     @property
     def eos_ids(self) -> list[int]:
@@ -132,6 +144,12 @@ class KwkDecoder:
         """Tensor ``name`` of ``layer`` (and ``expert``) exactly as stored: (format, rows, cols, bytes) ("vector" =
         f32 values)."""
         return native.export(self._h, name, layer, expert)
+
+    def weight(self, name: str, layer: int = 0, expert: int = 0) -> torch.Tensor:
+        """Tensor ``name`` of ``layer`` (and ``expert``) as the kernels read it: a float32 [rows, cols] tensor
+        (quantized matrices dequantized; vectors as [1, n])."""
+        _, rows, cols, data = native.export(self._h, name, layer, expert, values=True)
+        return torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(rows, cols)
 
     def start_position(self, slot: int) -> int:
         """The rotary position of the first token of ``slot`` (0 unless ``set_position`` gave another)."""
