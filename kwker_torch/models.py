@@ -303,11 +303,14 @@ def load_smollm2(dtype: torch.dtype = torch.bfloat16) -> tuple[Any, Any]:
     hf_logging.set_verbosity_error()  # the GGUF loader's progress and dtype notes are noise here
     hf_logging.disable_progress_bar()
     quiet = _silence_gguf_progress()
+    from .decoder.gguf_reader import reading
+
     try:
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=SMOLLM2_GGUF, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
-        )
+        with reading(os.path.join(folder, SMOLLM2_GGUF)):  # one parse of the metadata, not three
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=SMOLLM2_GGUF, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+            )
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
@@ -340,14 +343,17 @@ def load_local(spec: str, dtype: Any = "auto") -> tuple[Any, Any]:
     if spec.lower().endswith(".gguf") and os.path.isfile(spec):
         from transformers import GgufConfig
 
+        from .decoder.gguf_reader import reading
+
         folder, name = os.path.split(os.path.abspath(spec))
         quiet = _silence_gguf_progress()
         try:
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, gguf_file=name, dtype=torch.float32 if dtype == "auto" else dtype,
-                quantization_config=GgufConfig(dequantize=True),
-            )  # fmt: skip
+            with reading(spec):
+                tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+                model = AutoModelForCausalLM.from_pretrained(
+                    folder, gguf_file=name, dtype=torch.float32 if dtype == "auto" else dtype,
+                    quantization_config=GgufConfig(dequantize=True),
+                )  # fmt: skip
         finally:
             quiet()
         return model.eval(), tok

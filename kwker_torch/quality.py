@@ -9,6 +9,9 @@ Contenders (each scored by the very same code, on the very same token ids):
   - ``kwker <precision>``: ``kwker_torch.KwkDecoder.from_hf(model, precision=...)``, ``dec.score(ids)``.
     If the decoder is not in this build the row is skipped with a note (an error if ``--precision`` was
     given); a precision the decoder refuses ("not yet") prints its error and exits with status 2.
+  - ``kwker gguf`` (``--precision gguf`` with ``--model FILE.gguf``): ``KwkDecoder.from_gguf(FILE)``, the file's
+    quantized tensors repacked as they are; the reference is then the file's values dequantized, so the
+    row's KL is what the decoder's own arithmetic (activation codes) costs.
   - ``llama.cpp`` (``--gguf FILE``): ``kwker_torch.peer.llama_cpp.LlamaCppWorker`` on that GGUF.
 
 Protocol (llama.cpp ``tools/perplexity/perplexity.cpp``, function ``perplexity``, the default path with
@@ -68,7 +71,7 @@ import torch
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 
 REF_NAME = "hf-f32"
-PRECISIONS = ("preserve", "balanced", "int8", "int4")
+PRECISIONS = ("preserve", "balanced", "int8", "int4", "gguf")  # gguf: --model FILE.gguf's tensors as stored
 DEFAULT_PRECISION = "preserve"
 DEFAULT_CTX = 512
 BLOCK = 64  # rows of logits scored at once in float64 (64 x 49152 x 8 bytes = 25 MB per temporary)
@@ -420,10 +423,14 @@ def load_model(spec: str | None) -> tuple[Any, Any, str]:
         elif path.is_file() and path.suffix.lower() == ".gguf":
             from transformers import GgufConfig
 
-            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            model = AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
-            )
+            from .decoder.gguf_reader import reading
+
+            with reading(str(path)):  # one parse of the file's metadata for the tokenizer, config and weights
+                tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+                model = AutoModelForCausalLM.from_pretrained(
+                    path.parent, gguf_file=path.name, dtype=torch.float32,
+                    quantization_config=GgufConfig(dequantize=True),
+                )  # fmt: skip
         else:
             raise QualityError(
                 f"--model {spec!r} is neither a local Hugging Face model folder nor a .gguf file; "
@@ -457,6 +464,21 @@ def hf_logits_fn(model: Any) -> LogitsFn:
 
 class DecoderUnavailable(QualityError):
     """kwker_torch.KwkDecoder does not import in this build."""
+
+
+def kwker_gguf_logits_fn(path: str, ctx: int, info: dict | None = None) -> LogitsFn:
+    """``KwkDecoder.from_gguf(path, max_context=ctx).score`` as a logits fn (the file's tensors as stored)."""
+    try:
+        from kwker_torch import KwkDecoder
+    except ImportError as exc:
+        raise DecoderUnavailable(f"kwker_torch.KwkDecoder is not available in this build ({exc})") from exc
+    try:
+        dec = KwkDecoder.from_gguf(path, max_batch=1, max_context=ctx)
+    except (NotImplementedError, ValueError) as exc:
+        raise QualityError(f"the kwker decoder cannot run {path} as it is: {exc}") from exc
+    if info is not None:
+        info.update(dec.info)
+    return dec.score
 
 
 def kwker_logits_fn(
@@ -655,8 +677,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             info: dict[str, Any] = {}
             try:
-                contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg)
-                formats[name] = precision
+                if precision == "gguf":
+                    if args.model is None or not args.model.lower().endswith(".gguf"):
+                        raise QualityError("--precision gguf runs a GGUF file's tensors as stored: "
+                                           "pass the file as --model FILE.gguf")  # fmt: skip
+                    if calib is not None or formats_arg:
+                        continue  # the file's own formats: nothing to calibrate or override
+                    contenders[name] = kwker_gguf_logits_fn(args.model, args.ctx, info)
+                else:
+                    contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg)
+                formats[name] = "as stored" if precision == "gguf" else precision
                 bits[name] = info.get("bits_per_weight", float("nan"))
                 setup[name] = time.perf_counter() - t0
             except DecoderUnavailable as exc:

@@ -176,17 +176,23 @@ def test_a_model_loaded_from_gguf(case: str, smollm2: Any, tmp_path: Any) -> Non
     with torch.no_grad():
         ref = loaded(ids[None]).logits[0]
     assert rel(dec.score(ids), ref) <= TOL
+    # The same file run as it is (float32 tensors kept as float32): the same logits.
+    as_stored = KwkDecoder.from_gguf(os.path.join(tmp_path, "m.gguf"), max_context=64)
+    assert as_stored.info["gguf"]["converted"] == {}
+    assert rel(as_stored.score(ids), ref) <= TOL
 
 
 def test_the_server_loads_a_gguf_file(tmp_path: Any) -> None:
-    """``python -m kwker_torch.serve --model FILE.gguf``: the model and its tokenizer (with the chat template)
-    from the file, on the decoder."""
+    """``python -m kwker_torch.serve --model FILE.gguf``: the model (its tensors as stored) and its tokenizer (with
+    the chat template) from the file, on the decoder."""
     from kwker_torch.serve import ServeOptions, build_engine
 
     path = write_gguf(entry_model("qwen3"), os.path.join(tmp_path, "qwen3.gguf"))
     engine = build_engine(ServeOptions(model=path, slots=1, max_context=64, queue=2))
     try:
         assert engine.dec.family == "Qwen3"
+        assert engine.dec.info["precision"] == "gguf"  # the file's tensors as stored (here F32: kept as f32)
+        assert engine.dec.info["gguf"]["converted"] == {} and engine.dec.info["f32_matrices"] > 0
         assert engine.tok.chat_template
     finally:
         engine.shutdown(grace=1)

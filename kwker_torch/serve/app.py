@@ -57,13 +57,35 @@ class ApiError(Exception):
 def build_engine(opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
     """Loads the model named by ``opts`` and starts an engine over it (``engine_for``)."""
     opts.check()
+    gguf_file = opts.model and opts.model.lower().endswith(".gguf") and os.path.isfile(opts.model)
+    if opts.precision == "preserve" and gguf_file:
+        # The file's own values are the model's weights: run them as stored, in the file's formats.
+        from ..decoder import KwkDecoder
+        from ..decoder.gguf import load_tokenizer
+
+        _threads(opts)
+        dec = KwkDecoder.from_gguf(opts.model, max_batch=opts.slots, max_context=opts.max_context)
+        return _start(dec, load_tokenizer(opts.model), list(dec.eos_ids), opts, metrics)
     model, tok = load_model(opts)
     return engine_for(model, tok, opts, metrics)
 
 
+def _threads(opts: ServeOptions) -> None:
+    from .. import _native
+
+    if opts.threads:
+        _native.set_num_threads(opts.threads)
+
+
+def _start(dec: Any, tok: Any, eos: list[int], opts: ServeOptions, metrics: Metrics | None) -> Engine:
+    if tok.eos_token_id is not None and tok.eos_token_id not in eos:
+        eos.append(int(tok.eos_token_id))
+    return Engine(dec, tok, eos=eos, queue=opts.queue, prefill_chunk=opts.prefill_chunk, metrics=metrics,
+                  grammars=Grammars(tok, dec.vocab_size), prompt_lookup=opts.prompt_lookup).start()  # fmt: skip
+
+
 def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
     """A started engine over a KwkDecoder of ``model`` with ``opts.slots`` slots (the model is not kept)."""
-    from .. import _native
     from ..decoder import KwkDecoder, eos_ids, families, generic
 
     opts.check()
@@ -71,14 +93,9 @@ def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None
         if generic.is_causal_lm(model):  # the compile backend's path has no slots to batch requests in
             raise generic.refuse(model, "the server (its continuous batching runs on KwkDecoder.step)")
         families.family_of(model)  # names what it is not
-    if opts.threads:
-        _native.set_num_threads(opts.threads)
+    _threads(opts)
     dec = KwkDecoder.from_hf(model, opts.precision, max_batch=opts.slots, max_context=opts.max_context)
-    eos = eos_ids(model)
-    if tok.eos_token_id is not None and tok.eos_token_id not in eos:
-        eos.append(int(tok.eos_token_id))
-    return Engine(dec, tok, eos=eos, queue=opts.queue, prefill_chunk=opts.prefill_chunk, metrics=metrics,
-                  grammars=Grammars(tok, dec.vocab_size), prompt_lookup=opts.prompt_lookup).start()  # fmt: skip
+    return _start(dec, tok, eos_ids(model), opts, metrics)
 
 
 def _err(e: ApiError) -> JSONResponse:

@@ -22,7 +22,8 @@ class ServeOptions:
     """Server settings; every field is also a command-line flag (``--max-context`` for ``max_context``)."""
 
     model: str | None = None  # HF folder or cached hub id; None: the real SmolLM2-135M-Instruct
-    precision: str = "preserve"  # "preserve" (the model's own weights), "int8" / "balanced", "int4"
+    # "preserve" (the model's own weights; a GGUF file's tensors as stored), "int8" / "balanced", "int4"
+    precision: str = "preserve"
     slots: int = 8  # sequences decoded together in one step (each holds one request and its cached text)
     max_context: int = 2048  # tokens per slot: prompt + completion
     queue: int = 64  # requests waiting for a slot beyond those running; more are answered 429
@@ -64,7 +65,8 @@ class ServeOptions:
 
 FLAG_HELP = {
     "model": "Hugging Face model folder, .gguf file or locally cached hub id (default: the real SmolLM2-135M-Instruct)",
-    "precision": "preserve (the model's own weights), int8 (alias balanced) or int4",
+    "precision": "preserve (the model's own weights; a .gguf file's tensors run as stored), int8 (alias balanced) or "
+                 "int4 (from a .gguf file: its values dequantized, then quantized again)",
     "slots": "sequences decoded together per step; each keeps its text for prefix reuse",
     "max_context": "tokens per request (prompt + completion)",
     "queue": "requests that may wait for a slot; beyond it, 429 with Retry-After",
