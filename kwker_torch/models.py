@@ -193,6 +193,28 @@ CONFIGS: dict[str, dict[str, Any]] = {
         layer_norm_eps=1e-5, use_parallel_residual=True, tie_word_embeddings=False, hidden_act="gelu",
         bos_token_id=0, eos_token_id=0,
     ),
+    # tiiuae/falcon-7b: multi-query attention, one shared LayerNorm per parallel block, no biases.
+    "Falcon-7B": dict(
+        model_type="falcon", hidden_size=4544, num_hidden_layers=32, num_attention_heads=71, num_kv_heads=71,
+        vocab_size=65024, max_position_embeddings=2048, layer_norm_epsilon=1e-5, multi_query=True, parallel_attn=True,
+        new_decoder_architecture=False, alibi=False, bias=False, ffn_hidden_size=18176, activation="gelu",
+        bos_token_id=11, eos_token_id=11, tie_word_embeddings=True,
+    ),
+    # tiiuae/falcon-40b's block (new_decoder_architecture: 8 k/v groups, ln_attn and ln_mlp), its width.
+    "Falcon-40B": dict(
+        model_type="falcon", hidden_size=8192, num_hidden_layers=60, num_attention_heads=128, num_kv_heads=8,
+        vocab_size=65024, max_position_embeddings=2048, layer_norm_epsilon=1e-5, multi_query=True, parallel_attn=True,
+        new_decoder_architecture=True, alibi=False, bias=False, ffn_hidden_size=32768, activation="gelu",
+        bos_token_id=11, eos_token_id=11, tie_word_embeddings=True,
+    ),
+    # tiiuae/falcon-rw-1b: sequential blocks, one k/v head per query head, biases; its ALiBi is not in the recipe
+    # (the compile backend's path runs it), so the family's tests use its shape with rotary positions.
+    "Falcon-RW-1B": dict(
+        model_type="falcon", hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, num_kv_heads=32,
+        vocab_size=50304, max_position_embeddings=2048, layer_norm_epsilon=1e-5, multi_query=False, parallel_attn=False,
+        new_decoder_architecture=False, alibi=True, bias=True, ffn_hidden_size=8192, activation="gelu",
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+    ),
     "Phi-2": dict(
         model_type="phi", hidden_size=2560, intermediate_size=10240, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=32, vocab_size=51200, max_position_embeddings=2048, partial_rotary_factor=0.4,

@@ -60,6 +60,17 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                              word_embed_proj_dim=256, **IDS)),
     "opt-350m-post-norm": ("OPT-350m", dict(hidden_size=256, ffn_dim=512, num_attention_heads=4, vocab_size=VOCAB,
                                             word_embed_proj_dim=128, **IDS)),
+    # Falcon: the 7B's multi-query parallel block with one norm; the 40B's new architecture (k/v groups, two
+    # norms, and one); falcon-rw's sequential per-head q/k/v with biases (with rotary: its ALiBi is refused).
+    "falcon-7b": ("Falcon-7B", dict(hidden_size=256, num_attention_heads=4, num_kv_heads=4, ffn_hidden_size=512,
+                                    vocab_size=VOCAB, **IDS)),
+    "falcon-40b-new-arch": ("Falcon-40B", dict(hidden_size=256, num_attention_heads=8, num_kv_heads=2,
+                                               ffn_hidden_size=512, vocab_size=VOCAB, **IDS)),
+    "falcon-new-arch-one-norm": ("Falcon-40B", dict(hidden_size=256, num_attention_heads=8, num_kv_heads=4,
+                                                    num_ln_in_parallel_attn=1, ffn_hidden_size=512, bias=True,
+                                                    vocab_size=VOCAB, **IDS)),
+    "falcon-rw-rotary": ("Falcon-RW-1B", dict(hidden_size=256, num_attention_heads=4, num_kv_heads=4, alibi=False,
+                                              ffn_hidden_size=512, vocab_size=VOCAB, **IDS)),
     # Mixtures of experts (their routers made decisive: see ``tiny``).
     "mixtral": ("Mixtral-8x7B", dict(SMALL, intermediate_size=128, num_local_experts=8, num_experts_per_tok=2)),
     "mixtral-window": ("Mixtral-8x7B", dict(SMALL, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,

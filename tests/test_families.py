@@ -32,6 +32,8 @@ FAMILY_OF = {
     "mixtral": "Mixtral", "mixtral-window": "Mixtral", "qwen3-moe": "Qwen3-MoE",
     "qwen3-moe-step2-unnormed": "Qwen3-MoE",
     "granite-moe": "Granite-MoE", "olmoe": "OLMoE", "olmoe-clip-normed": "OLMoE",
+    "falcon-7b": "Falcon", "falcon-40b-new-arch": "Falcon", "falcon-new-arch-one-norm": "Falcon",
+    "falcon-rw-rotary": "Falcon",
 }  # fmt: skip
 
 
@@ -118,6 +120,7 @@ def test_int8_and_int4_run_near_the_float32_logits(case: str) -> None:
         ("qwen3", "hidden_act", "tanh", "hidden_act='tanh'"),
         # A config that contradicts the modules built from it: named, not an AttributeError.
         ("phi2", "qk_layernorm", True, "the config asks for q/k norms but layer 0's attention has no q_layernorm"),
+        ("falcon-rw-rotary", "alibi", True, "alibi=True: ALiBi positions are not in the recipe"),
     ],
 )
 def test_config_fields_the_recipe_lacks_are_refused_by_name(case: str, field: str, value: object,

@@ -31,7 +31,7 @@ TOL = 1e-5
 FAMILY_CASES = [
     "llama", "mistral-window", "qwen2-window-layers", "qwen3", "gemma2", "gemma3", "phi4-mini-longrope", "granite",
     "stablelm-parallel-qknorm", "starcoder2", "olmo-clip", "olmo2", "pythia", "phi2", "gpt2", "opt-350m-post-norm",
-    "mixtral", "qwen3-moe", "granite-moe", "olmoe-clip-normed",
+    "mixtral", "qwen3-moe", "granite-moe", "olmoe-clip-normed", "falcon-40b-new-arch",
 ]  # fmt: skip
 QUESTIONS = ["What is the capital of France?", "Write one sentence about the sea."]
 

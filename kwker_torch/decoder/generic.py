@@ -1,7 +1,7 @@
 """Any causal LM outside KwkDecoder's recipe, on the compile backend's native step executor.
 
 ``KwkDecoder.from_hf(model)`` and ``decode.install(model)`` on an architecture no family maps (BLOOM, GPT-J,
-CodeGen, Falcon, ...) build a ``CompiledDecoder`` instead of refusing, logged once: the model's own forward
+CodeGen, ALiBi Falcon, ...) build a ``CompiledDecoder`` instead of refusing, logged once: the model's own forward
 under ``torch.compile(backend="kwker")`` (``compile_backend.py``: linears on prepared weights, and per input
 shape one planned native program over preallocated buffers, ops it does not know run through torch inside
 it) over Hugging Face's static cache, whose K/V the executor writes in place, driven by Hugging Face's own

@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 
-from . import gemma, learned, llama, moe, neox, phi
+from . import falcon, gemma, learned, llama, moe, neox, phi
 from .base import Family, Source
 from .fields import Fields, has_field
 
 FAMILIES: tuple[Family, ...] = (
-    *llama.FAMILIES, *moe.FAMILIES, *gemma.FAMILIES, *phi.FAMILIES, *neox.FAMILIES, *learned.FAMILIES
+    *llama.FAMILIES, *moe.FAMILIES, *gemma.FAMILIES, *phi.FAMILIES, *neox.FAMILIES, *learned.FAMILIES,
+    *falcon.FAMILIES,
 )
 BY_TYPE: dict[str, Family] = {t: fam for fam in FAMILIES for t in fam.model_types}
 # The position-limit field of each config (all but GPT-2's are max_position_embeddings).

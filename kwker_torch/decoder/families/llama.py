@@ -53,6 +53,9 @@ class LlamaStyle(Family):
     def embedding(self, inner: torch.nn.Module) -> torch.nn.Module:
         return inner.embed_tokens
 
+    def layers(self, inner: torch.nn.Module) -> list[torch.nn.Module]:
+        return list(inner.layers)
+
     def attention(self, layer: torch.nn.Module) -> torch.nn.Module:
         return layer.self_attn
 
@@ -98,13 +101,20 @@ class LlamaStyle(Family):
     def norm_weight(self, w: torch.Tensor) -> torch.Tensor:
         return w.detach().float()
 
+    def intermediate(self, f: Fields) -> int:
+        return int(f["intermediate_size"])
+
+    def norm_modules(self, layer: torch.nn.Module) -> Iterator[tuple[str, str]]:
+        """(table name, the layer's attribute) of each layer norm."""
+        yield from self.NORMS.items()
+
     def rotary_factor(self, f: Fields) -> float:
         return float(rope_params(f).get("partial_rotary_factor", 1.0))
 
     def rope_tables(self, f: Fields, inner: torch.nn.Module, head_dim: int) -> tuple[list[dict], list[int]]:
         table = rope_table(f, inner.rotary_emb)
         check_rot_dim(table, head_dim, self.rotary_factor(f), self.name)
-        return [table], [0] * len(inner.layers)
+        return [table], [0] * len(self.layers(inner))
 
     def heads(self, f: Fields, attn: torch.nn.Module) -> tuple[int, int, int]:
         heads = int(f["num_attention_heads"])
@@ -120,7 +130,7 @@ class LlamaStyle(Family):
     # ---- shared reading
     def recipe(self, model: torch.nn.Module, f: Fields) -> dict[str, Any]:
         inner = self.inner(model)
-        layers = list(inner.layers)
+        layers = self.layers(inner)
         a = self.attention(layers[0])
         heads, kv, head_dim = self.heads(f, a)
         hidden, n = int(f["hidden_size"]), int(f["num_hidden_layers"])
@@ -138,7 +148,7 @@ class LlamaStyle(Family):
         is_tied = tied(model, emb, model.lm_head.weight, f)
         return {
             "vocab": int(emb.shape[0]), "hidden": hidden, "embed_dim": hidden, "layers": n, "heads": heads,
-            "kv_heads": kv, "head_dim": head_dim, "intermediate": int(f["intermediate_size"]),
+            "kv_heads": kv, "head_dim": head_dim, "intermediate": self.intermediate(f),
             "norm": self.norm(f), "placement": self.placement, "block": self.block(f),
             "mlp": {"gated": self.gated, "act": act(f, self.act_field)},
             "moe": moe,
@@ -159,9 +169,9 @@ class LlamaStyle(Family):
             yield Source("lm_head", 0, model.lm_head.weight, model.lm_head)
         if model.lm_head.bias is not None:
             yield Source("lm_head.bias", 0, model.lm_head.bias.detach().float())
-        for i, layer in enumerate(inner.layers):
+        for i, layer in enumerate(self.layers(inner)):
             a = self.attention(layer)
-            for name, attr in self.NORMS.items():
+            for name, attr in self.norm_modules(layer):
                 mod = getattr(layer, attr, None)
                 if mod is not None:
                     yield from self.norm_sources(name, i, mod)
