@@ -3,9 +3,9 @@
 //!
 //! Formats (one scale set per block of k, per output row):
 //! - `Q8`: value = d * c, c in [-127, 127], one f32 scale d per 64 values (8.5 bits per weight).
-//! - `Q80`: as Q8 with one scale per 32 values (9.0 bits per weight): the values of llama.cpp's Q8_0
-//!   (and of Q5_0 and Q4_0, whose codes fit in int8 under the same f16 scale) carried over exactly from a
-//!   GGUF file (`gguf.rs`); its f16 scales are kept as f32 so the Q8 kernels read them unchanged.
+//! - `Q80`: as Q8 with one f16 scale per 32 values (8.5 bits per weight, llama.cpp's Q8_0): the values
+//!   of Q8_0 (and of Q5_0 and Q4_0, whose codes fit in int8 under the same f16 scale) carried over
+//!   exactly from a GGUF file (`gguf.rs`).
 //! - `Q4`: value = d * c + m, c in [0, 15], f16 d and f16 m per 32 values (5.0 bits per weight).
 //! - `Q4K`, `Q6K`: super-blocks of 256 values with 6-/8-bit scales per 32-value sub-block (4.5 and
 //!   6.3125 bits per weight; layout and values in `kblock`).
@@ -101,7 +101,8 @@ impl Format {
         }
     }
 
-    /// Whether values are 8-bit codes under one f32 scale per block (Q8, Q80: the same kernels).
+    /// Whether values are 8-bit codes under one scale per block (Q8, Q80: the same kernels; Q80's scales
+    /// are f16).
     pub const fn is_q8(self) -> bool {
         matches!(self, Format::Q8 | Format::Q80)
     }
@@ -111,11 +112,30 @@ impl Format {
         matches!(self, Format::Q4K | Format::Q6K)
     }
 
+    /// Byte offset of a Q8 / Q80 / Q4 block's codes, after its 16 rows' scales (Q8: f32; Q80: f16; Q4:
+    /// f16 scales, then f16 mins).
+    pub(crate) const fn codes_at(self) -> usize {
+        match self {
+            Format::Q80 => QPANEL * 2,
+            _ => 64,
+        }
+    }
+
+    /// A Q8 / Q80 block's scale of row `r` of its panel (`blk`: the block's bytes).
+    #[inline(always)]
+    pub(crate) fn q8_scale(self, blk: &[u8], r: usize) -> f32 {
+        if self == Format::Q80 {
+            f16_to_f32(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]))
+        } else {
+            f32::from_le_bytes(blk[4 * r..4 * r + 4].try_into().unwrap())
+        }
+    }
+
     /// Bytes of one packed (full) block of a panel: scales first, then the codes.
     pub(crate) const fn block_bytes(self) -> usize {
         match self {
             Format::Q8 => QPANEL * 4 + QPANEL * 64,
-            Format::Q80 => QPANEL * 4 + QPANEL * 32,
+            Format::Q80 => QPANEL * 2 + QPANEL * 32,
             Format::Q4 => QPANEL * 2 * 2 + QPANEL * 16,
             Format::Q4K | Format::Q6K => kblock::super_bytes(self, kblock::SUBS),
         }
@@ -244,7 +264,7 @@ impl QuantWeight {
     /// Packs the reference form. Panel p, block b starts at byte `(p * nb + b) * block_bytes`:
     /// - Q8: 16 f32 scales, then for each 32-k half and each group of 4 k, 16 rows x 4 codes
     ///   (`c + 128`; one 64-byte vector holds 4 consecutive k of 16 rows, as `vpdpbusd` reads them).
-    ///   Q80: the same with one 32-k half per block.
+    ///   Q80: 16 f16 scales, then the codes as Q8's with one 32-k half per block.
     /// - Q4: 16 f16 scales, 16 f16 mins, then for each group g of 8 k, 16 rows x 4 bytes whose low
     ///   nibbles are k = 8g..8g+3 and high nibbles k = 8g+4..8g+7.
     ///
@@ -293,9 +313,18 @@ impl QuantWeight {
                     let s = if live { q.scales[j * nb + b] } else { 0.0 };
                     match f {
                         Format::Q8 | Format::Q80 => {
-                            blk[r * 4..r * 4 + 4].copy_from_slice(&s.to_le_bytes());
+                            if f == Format::Q80 {
+                                debug_assert_eq!(
+                                    f16_to_f32(f32_to_f16(s)),
+                                    s,
+                                    "q8_0 scales are f16"
+                                );
+                                blk[r * 2..r * 2 + 2].copy_from_slice(&f32_to_f16(s).to_le_bytes());
+                            } else {
+                                blk[r * 4..r * 4 + 4].copy_from_slice(&s.to_le_bytes());
+                            }
                             for kk in 0..f.block() {
-                                blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] = code(kk);
+                                blk[f.codes_at() + (kk / 4) * 64 + r * 4 + kk % 4] = code(kk);
                             }
                         }
                         _ => {
@@ -354,9 +383,7 @@ impl QuantWeight {
     fn scale(&self, j: usize, b: usize) -> f32 {
         let (blk, r) = (self.block_of(j, b), j % QPANEL);
         match self.format {
-            Format::Q8 | Format::Q80 => {
-                f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap())
-            }
+            Format::Q8 | Format::Q80 => self.format.q8_scale(blk, r),
             _ => f16_to_f32(u16::from_le_bytes([blk[r * 2], blk[r * 2 + 1]])),
         }
     }
@@ -370,7 +397,7 @@ impl QuantWeight {
         let bs = self.format.block();
         let (blk, r, t) = (self.block_of(j, kk / bs), j % QPANEL, kk % bs);
         match self.format {
-            Format::Q8 | Format::Q80 => blk[64 + (t / 4) * 64 + r * 4 + t % 4],
+            Format::Q8 | Format::Q80 => blk[self.format.codes_at() + (t / 4) * 64 + r * 4 + t % 4],
             _ => {
                 let (g, h, u) = (t / 8, (t % 8) / 4, t % 4);
                 (blk[64 + g * 64 + r * 4 + u] >> (4 * h)) & 0x0f

@@ -179,15 +179,20 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 // Each 16-byte quarter of a group (4 rows x 4 k) widens to u16 and meets the fine
                 // activation codes in one vpmaddwd: per row two i32 lanes, paired up by hadd into
                 // rows [0, 1, 4, 5 | 2, 3, 6, 7] (and 8 more), the order the scales are put in.
-                let dv = [0, 32].map(|o| {
-                    _mm256_permutevar8x32_ps(_mm256_loadu_ps(blk.add(o).cast()), q8_order)
+                let dv = [0, 1].map(|s| {
+                    let d = if f == Format::Q80 {
+                        _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * s).cast()))
+                    } else {
+                        _mm256_loadu_ps(blk.add(32 * s).cast())
+                    };
+                    _mm256_permutevar8x32_ps(d, q8_order)
                 });
-                let halves = f.block() / QSUB;
+                let (halves, co) = (f.block() / QSUB, f.codes_at());
                 for h in 0..halves {
                     let sb = b * halves + h;
                     let mut acc = [[_mm256_setzero_si256(); 4]; M];
                     for g in 0..8 {
-                        let at = blk.add(64 + h * 512 + g * 64);
+                        let at = blk.add(co + h * 512 + g * 64);
                         let mut xv = [_mm256_setzero_si256(); M];
                         for r in 0..M {
                             let xo = xf.add(r * k + sb * QSUB + g * 4);

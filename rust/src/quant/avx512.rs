@@ -116,14 +116,18 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
         prefetch(f, blk, bb);
         match f {
             Format::Q8 | Format::Q80 => {
-                let dv = _mm512_loadu_ps(blk.cast());
-                let halves = f.block() / QSUB;
+                let dv = if f == Format::Q80 {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()))
+                } else {
+                    _mm512_loadu_ps(blk.cast())
+                };
+                let (halves, co) = (f.block() / QSUB, f.codes_at());
                 for h in 0..halves {
                     let sb = b * halves + h;
                     let mut acc = [_mm512_setzero_si512(); M];
                     let mut acc2 = [_mm512_setzero_si512(); M];
                     for g in 0..8 {
-                        let wv = _mm512_loadu_si512(blk.add(64 + h * 512 + g * 64).cast());
+                        let wv = _mm512_loadu_si512(blk.add(co + h * 512 + g * 64).cast());
                         for r in 0..M {
                             let at = r * k + sb * QSUB + g * 4;
                             acc[r] = _mm512_dpbusd_epi32(acc[r], wv, bx(xq.add(at)));

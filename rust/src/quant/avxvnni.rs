@@ -92,14 +92,20 @@ macro_rules! vnni_kernels {
                     _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast());
                 }
                 if f.is_q8() {
-                    let dv = [0, 32].map(|o| _mm256_loadu_ps(blk.add(o).cast()));
-                    let parts = f.block() / QSUB;
+                    let dv = [0, 1].map(|s| {
+                        if f == Format::Q80 {
+                            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * s).cast()))
+                        } else {
+                            _mm256_loadu_ps(blk.add(32 * s).cast())
+                        }
+                    });
+                    let (parts, co) = (f.block() / QSUB, f.codes_at());
                     for h in 0..parts {
                         let sb = b * parts + h;
                         let mut acc = [[_mm256_setzero_si256(); 2]; M];
                         let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
                         for g in 0..8 {
-                            let wv = halves(blk.add(64 + h * 512 + g * 64));
+                            let wv = halves(blk.add(co + h * 512 + g * 64));
                             for r in 0..M {
                                 let at = r * k + sb * QSUB + g * 4;
                                 let (xv, xv2) = (bx(xq.add(at)), bx(xq2.add(at)));

@@ -98,7 +98,8 @@ pub fn quantize(
                         let sub =
                             (r * k + cols.start) / QSUB * per..(r * k + cols.end) / QSUB * per;
                         match f {
-                            Format::Q8 | Format::Q80 => scales[r * nb + b] = fit_q8(x, wi, c),
+                            Format::Q8 => scales[r * nb + b] = fit_q8(x, wi, c, false),
+                            Format::Q80 => scales[r * nb + b] = fit_q8(x, wi, c, true),
                             Format::Q4 => {
                                 let (d, m) = fit_q4(x, wi, c);
                                 scales[r * nb + b] = d;
@@ -148,17 +149,22 @@ pub(crate) fn error_weights(
     }
 }
 
-/// One Q8 block: writes `c + 128` into `codes`, returns d.
-fn fit_q8(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8]) -> f32 {
+/// One Q8 block: writes `c + 128` into `codes`, returns d (f16-representable when `half`: Q80 stores its
+/// scales as f16, as ggml's Q8_0, so every candidate is rounded before the codes are chosen for it).
+fn fit_q8(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8], half: bool) -> f32 {
+    let round = |d: f32| if half { f16_to_f32(f32_to_f16(d)) } else { d };
     let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
     if amax == 0.0 {
         codes.fill(128);
         return 0.0;
     }
     let wt = error_weights(x, imp, |_| 1.0);
-    let (mut best, mut best_err) = (amax / 127.0, f32::INFINITY);
+    let (mut best, mut best_err) = (round(amax / 127.0), f32::INFINITY);
     for s in Q8_SHRINK {
-        let d = s * amax / 127.0;
+        let d = round(s * amax / 127.0);
+        if d == 0.0 {
+            continue; // below f16's range: the block stays at the first candidate
+        }
         let err: f32 = x
             .iter()
             .zip(&wt)
@@ -172,7 +178,12 @@ fn fit_q8(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8]) -> f32 {
         }
     }
     for (c, &v) in codes.iter_mut().zip(x) {
-        *c = ((v / best).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
+        let q = if best == 0.0 {
+            0.0
+        } else {
+            (v / best).round().clamp(-127.0, 127.0)
+        };
+        *c = (q as i32 + 128) as u8;
     }
     best
 }

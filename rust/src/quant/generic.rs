@@ -42,7 +42,7 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                             let kk = h * QSUB + t;
                             let c = match f {
                                 Format::Q8 | Format::Q80 => {
-                                    blk[64 + (kk / 4) * 64 + r * 4 + kk % 4] as i32 - 128
+                                    blk[f.codes_at() + (kk / 4) * 64 + r * 4 + kk % 4] as i32 - 128
                                 }
                                 _ => {
                                     let (g, hi, u) = (kk / 8, (kk % 8) / 4, kk % 4);
@@ -54,8 +54,7 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                         }
                         let contrib = match f {
                             Format::Q8 | Format::Q80 => {
-                                let d =
-                                    f32::from_le_bytes(blk[r * 4..r * 4 + 4].try_into().unwrap());
+                                let d = f.q8_scale(blk, r);
                                 let fine = LO * dot + dot2;
                                 d * (fine as f32 * a.d_fine[i * nsub + sb])
                             }
