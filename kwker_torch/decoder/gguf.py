@@ -5,8 +5,9 @@ decoder's formats without changing a value, not dequantized to float32 and quant
     dec.info["gguf"]   # which tensors came over exactly, and which were converted (and to what)
 
 What each GGUF type becomes (``rust/src/quant/gguf.rs`` states the exactness contract):
-- Q8_0, Q5_0, Q4_0 -> ``q8_0`` (8-bit codes, a scale per 32 values: Q5_0's and Q4_0's codes fit), Q4_1 -> ``q4``,
-  Q4_K -> ``q4k``: every value the file's, bit for bit;
+- Q8_0, Q5_0 -> ``q8_0`` (8-bit codes under an f16 scale per 32 values: Q5_0's codes fit), Q4_0 and Q4_1 ->
+  ``q4`` (Q4_0's zero point as a min of -8 d; beside Q8_0 / Q5_0 parts of one fused matrix, ``q8_0``), Q4_K ->
+  ``q4k``: every value the file's, bit for bit;
 - Q6_K -> ``q6k`` where each 32 values' two scales agree, else ``q8_0`` from its exact values (within half a
   step of 1/127 of each 32 values' largest);
 - F32 / F16 / BF16 -> kept as float (F16 widened exactly to f32; bf16-valued f32 stored as bf16);

@@ -4,8 +4,11 @@
 //! Contract: where `exact_format` names a format, every value of the result (`QuantRows::dequantize`)
 //! equals ggml's own dequantization of the block bit for bit (the same f16 scales widened exactly, the
 //! same integer codes, the same float operations):
-//! - Q8_0, Q5_0 and Q4_0 -> `Q80`: d * c with ggml's f16 d and c = q, q - 16 or q - 8 (all within int8);
+//! - Q8_0 and Q5_0 -> `Q80`: d * c with ggml's f16 d and c = q or q - 16 (within int8);
 //! - Q4_1 -> `Q4`: d * c + m with ggml's f16 d and m;
+//! - Q4_0 -> `Q4`: d * c + m with m = -8 d (exact in f16: a power-of-two multiple), so d * c + m is ggml's
+//!   d * (q - 8) exactly (both terms exact in f32, and so their sum); or, to stack with Q8_0 / Q5_0 parts of
+//!   one fused matrix (`wide`), `Q80` with c = q - 8;
 //! - Q4_K -> `Q4K`: (d * sc) * c - dmin * m with ggml's f16 d and dmin and 6-bit sc and m per 32 values;
 //! - Q6_K -> `Q6K` when each 32 values' two 16-value scales are equal (this crate's Q6K has one i8 scale
 //!   per 32); otherwise its values (dequantized exactly) are quantized to `Q80`, whose 8-bit grid per 32
@@ -42,8 +45,8 @@ pub fn block_shape(ty: u32) -> Option<(usize, usize)> {
 /// The format that holds a ggml type's values exactly (Q6_K: only when its paired scales agree).
 pub fn exact_format(ty: u32) -> Option<Format> {
     match ty {
-        Q4_0 | Q5_0 | Q8_0 => Some(Format::Q80),
-        Q4_1 => Some(Format::Q4),
+        Q5_0 | Q8_0 => Some(Format::Q80),
+        Q4_0 | Q4_1 => Some(Format::Q4),
         Q4_K => Some(Format::Q4K),
         Q6_K => Some(Format::Q6K),
         _ => None,
@@ -54,9 +57,21 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
+/// Whether a ggml type's values fit `Q80` exactly (what a fused matrix of such parts is stored as).
+pub fn fits_q80(ty: u32) -> bool {
+    matches!(ty, Q4_0 | Q5_0 | Q8_0)
+}
+
 /// An [n, k] matrix of ggml type `ty` (`data`: its n rows of blocks, as in the file) in the reference form,
-/// and whether its values are the file's exactly (false: Q6_K quantized to Q80, see the module).
-pub fn to_rows(ty: u32, data: &[u8], n: usize, k: usize) -> Result<(QuantRows, bool), String> {
+/// and whether its values are the file's exactly (false: Q6_K quantized to Q80, see the module). `wide`:
+/// Q4_0 into `Q80` (to stack with Q8_0 / Q5_0 parts) rather than `Q4`.
+pub fn to_rows(
+    ty: u32,
+    data: &[u8],
+    n: usize,
+    k: usize,
+    wide: bool,
+) -> Result<(QuantRows, bool), String> {
     let (bs, bb) = block_shape(ty).ok_or_else(|| {
         format!("ggml type {ty} has no repacking here (read: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")
     })?;
@@ -73,7 +88,10 @@ pub fn to_rows(ty: u32, data: &[u8], n: usize, k: usize) -> Result<(QuantRows, b
             n.saturating_mul(row_bytes)
         ));
     }
-    let f = exact_format(ty).expect("every type with a block shape has a format");
+    let f = match (ty, wide) {
+        (Q4_0, true) => Format::Q80,
+        _ => exact_format(ty).expect("every type with a block shape has a format"),
+    };
     if ty == Q6_K && !q6k_pairs_agree(data) {
         let values = q6_k_values(data, n, k);
         let opt = QuantOptions {
@@ -89,6 +107,14 @@ pub fn to_rows(ty: u32, data: &[u8], n: usize, k: usize) -> Result<(QuantRows, b
             let at = j * k + b * bs;
             let codes = &mut q.codes[at..at + bs];
             match ty {
+                Q4_0 if !wide => {
+                    let d = f16_at(blk, 0);
+                    q.scales[j * (k / 32) + b] = d;
+                    q.mins[j * (k / 32) + b] = -8.0 * d;
+                    for (t, c) in codes.iter_mut().enumerate() {
+                        *c = (blk[2 + t % 16] >> (4 * (t / 16))) & 0x0f;
+                    }
+                }
                 Q8_0 | Q5_0 | Q4_0 => {
                     q.scales[j * (k / 32) + b] = f16_at(blk, 0);
                     for (t, c) in codes.iter_mut().enumerate() {
