@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import time
 from typing import Any
 
 import torch
-from bench_decoder import kwk_pp, kwk_tg, say, start
-from bench_quant import gguf_bits
-from common import save, stream_triad_gbs, table
+from bench_decoder import say, start
+from bench_quant import gguf_bits, interleaved_pptg
+from common import save, table
 
 from kwker_torch import KwkDecoder
 from kwker_torch.models import SMOLLM2_GGUF, load_local, smollm2_dir
@@ -56,25 +55,7 @@ def bench(path: str, rounds: int, rows: list) -> None:
         sysinfo = worker.load(path, n_ctx=1024, n_batch=512).get("system_info", "")
         load_peer = time.perf_counter() - t0
         names = [*decs, "llama.cpp"]
-        t: dict[str, dict[str, list[float]]] = {c: {"pp": [], "tg": []} for c in names}
-        triads: list[float] = []
-        for r in range(rounds + 1):  # round 0 warms up
-            if r:
-                triads.append(stream_triad_gbs(rounds=3))
-            for c in names:
-                time.sleep(0.2)
-                if c in decs:
-                    pp, tg = kwk_pp(decs[c], 512), kwk_tg(decs[c])
-                else:
-                    pp, tg = worker.pp(512), worker.tg(128)
-                if r:
-                    t[c]["pp"].append(512 / pp)
-                    t[c]["tg"].append(128 / tg)
-            if r:
-                say(f"  round {r}: " + ", ".join(f"{c} pp {t[c]['pp'][-1]:.0f} tg {t[c]['tg'][-1]:.1f}" for c in t))
-        triad = statistics.median(triads)
-        say(f"  triad during the rounds: {', '.join(f'{x:.1f}' for x in triads)} GB/s")
-        med = {c: {k: statistics.median(v) for k, v in d.items()} for c, d in t.items()}
+        med, triad = interleaved_pptg(decs, {"llama.cpp": worker}, rounds)
         loads = {"kwker as stored": load_stored, "kwker int4": load_int4, "llama.cpp": load_peer}
         for c in names:
             if c in decs:

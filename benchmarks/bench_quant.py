@@ -80,6 +80,31 @@ def layer_macs(model: torch.nn.Module) -> int:
     return sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
 
 
+def interleaved_pptg(decs: dict[str, KwkDecoder], workers: dict[str, LlamaCppWorker], rounds: int,
+                     prompt: int = 512) -> tuple[dict[str, dict[str, float]], float]:  # fmt: skip
+    """Each round times every contender's pp (``prompt`` tokens) and tg128 in turn (round 0 warms up), with a
+    STREAM triad between rounds; returns the medians ``{contender: {"pp", "tg"}}`` (tok/s) and the median triad."""
+    t: dict[str, dict[str, list[float]]] = {c: {"pp": [], "tg": []} for c in [*decs, *workers]}
+    triads: list[float] = []
+    for r in range(rounds + 1):
+        if r:
+            triads.append(stream_triad_gbs(rounds=3))
+        for c in t:
+            time.sleep(0.2)  # let the other contenders' spinning threads settle
+            if c in decs:
+                pp, tg = kwk_pp(decs[c], prompt), kwk_tg(decs[c])
+            else:
+                pp, tg = workers[c].pp(prompt), workers[c].tg(128)
+            if r:
+                t[c]["pp"].append(prompt / pp)
+                t[c]["tg"].append(128 / tg)
+        if r:
+            say(f"  round {r}: " + ", ".join(f"{c} pp {t[c]['pp'][-1]:.0f} tg {t[c]['tg'][-1]:.1f}" for c in t))
+    say(f"  triad during the rounds: {', '.join(f'{x:.1f}' for x in triads)} GB/s")
+    med = {c: {k: statistics.median(v) for k, v in d.items()} for c, d in t.items()}
+    return med, statistics.median(triads)
+
+
 def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("nan"), prompt: int = 512) -> None:
     model, label = load(name)
     macs = layer_macs(model)
@@ -94,26 +119,8 @@ def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("na
         sysinfo = ""
         for ft, w in workers.items():
             sysinfo = w.load(paths[ft], n_ctx=ctx, n_batch=512).get("system_info", "")
-        t: dict[str, dict[str, list[float]]] = {c: {"pp": [], "tg": []} for c in [*OURS, *PEERS]}
-        triads: list[float] = []
-        for r in range(rounds + 1):  # round 0 warms up
-            if r:
-                triads.append(stream_triad_gbs(rounds=3))
-            for c in t:
-                time.sleep(0.2)  # let the other contenders' spinning threads settle
-                if c in decs:
-                    pp, tg = kwk_pp(decs[c], prompt), kwk_tg(decs[c])
-                else:
-                    pp, tg = workers[c].pp(prompt), workers[c].tg(128)
-                if r:
-                    t[c]["pp"].append(prompt / pp)
-                    t[c]["tg"].append(128 / tg)
-            if r:
-                say(f"  round {r}: " + ", ".join(f"{c} pp {t[c]['pp'][-1]:.0f} tg {t[c]['tg'][-1]:.1f}" for c in t))
-        triad = statistics.median(triads)
-        say(f"  triad during the rounds: {', '.join(f'{x:.1f}' for x in triads)} GB/s")
-        med = {c: {k: statistics.median(v) for k, v in d.items()} for c, d in t.items()}
-        for c in t:
+        med, triad = interleaved_pptg(decs, workers, rounds, prompt)
+        for c in med:
             if c in decs:
                 bits, mb = decs[c].info["bits_per_weight"], decs[c].info["weight_bytes_per_token"] / 1e6
                 desc = f"KwkDecoder {c}"
@@ -126,7 +133,7 @@ def bench(name: str, rounds: int, kind: str, rows: list, peak: float = float("na
                 row += [med[c]["pp"] / med[p]["pp"], med[c]["tg"] / med[p]["tg"]]
             gmacs = macs * med[c]["pp"] / 1e9
             rows.append(row + [floor * med[c]["tg"], gmacs, 100 * gmacs / peak])
-        say(table(HEADERS, rows[-len(t) :]))
+        say(table(HEADERS, rows[-len(med) :]))
         say(f"  llama.cpp: {sysinfo.strip()}")
     finally:
         for w in workers.values():
