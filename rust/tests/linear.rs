@@ -368,7 +368,9 @@ fn unsupported_isa_panics_instead_of_faulting() {
 /// The AMX tier's tiles on the hardware (where the CPU has AMX; elsewhere the kernel is tested
 /// through `amx::Emu` in the crate's unit tests). Its shapes against float64 are covered by
 /// every test above, which loop over the supported tiers; this one proves the tiles ran: an
-/// activation below 2^-126 is read as zero by `tdpbf16ps` (DAZ), where the FMA tiers keep it.
+/// activation below 2^-126 is read as zero by `tdpbf16ps` (DAZ), where the FMA tiers keep it. AVX-512's
+/// `vdpbf16ps` path reads it as zero too (the avx512 tier takes it on AVX512-BF16 CPUs), so the FMA
+/// reference is the avx2 tier and the call must not have gone through `vdpbf16ps`.
 #[test]
 fn amx_tiles_ran_where_the_cpu_has_them() {
     if !Isa::Amx.is_supported() {
@@ -380,6 +382,7 @@ fn amx_tiles_ran_where_the_cpu_has_them() {
     x[0] = f32::from_bits(0x0001_0000); // a denormal float32 (about 9.2e-41), exact in bf16
     let w = vec![0x7e80u16; n * k]; // 2^126 in bf16: the product, 2^-7 or so, is a normal number
     let (mut amx, mut fma) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+    let dot_calls = bf16_dot_calls();
     linear(
         Isa::Amx,
         &Serial,
@@ -391,8 +394,13 @@ fn amx_tiles_ran_where_the_cpu_has_them() {
         None,
         &mut amx,
     );
+    assert_eq!(
+        bf16_dot_calls(),
+        dot_calls,
+        "the amx tier ran vdpbf16ps instead of tiles"
+    );
     linear(
-        Isa::Avx512,
+        Isa::Avx2,
         &Serial,
         &x,
         m,
@@ -405,7 +413,7 @@ fn amx_tiles_ran_where_the_cpu_has_them() {
     // Row 0 holds the denormal's products (one per column); every other row is zero.
     assert!(
         fma[..n].iter().all(|&v| v == 2f32.powi(-7)),
-        "the FMA tier keeps the denormal's product: {}",
+        "the avx2 FMA tier keeps the denormal's product: {}",
         fma[0]
     );
     assert!(
