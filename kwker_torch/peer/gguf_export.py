@@ -333,8 +333,11 @@ def export_gguf(model: Any, path: str, dtype: str = "bf16", vocab_from: str | No
     return path
 
 
-def quantize(src: str, dst: str, ftype: str, kind: str = "native", threads: int = 2) -> str:
+def quantize(
+    src: str, dst: str, ftype: str, kind: str = "native", threads: int = 2, requantize: bool = False
+) -> str:
     """llama.cpp's ``llama_model_quantize(src -> dst)`` to ``ftype`` ("Q8_0", "Q4_0", "Q4_K_M", ...); returns dst.
+    ``requantize``: the source may be quantized (llama-quantize's ``--allow-requantize``).
 
     Runs in a llama.cpp worker subprocess of build ``kind`` (llama_cpp cannot live in this process).
     """
@@ -345,7 +348,7 @@ def quantize(src: str, dst: str, ftype: str, kind: str = "native", threads: int 
     tmp = f"{dst}.partial-{os.getpid()}"
     with LlamaCppWorker(kind, threads=threads) as worker:
         try:
-            worker.quantize(src, tmp, ftype.upper())
+            worker.quantize(src, tmp, ftype.upper(), requantize=requantize)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

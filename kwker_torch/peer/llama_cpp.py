@@ -140,9 +140,12 @@ class LlamaCppWorker:
         """llama.cpp's tokenization of text with the loaded model's vocabulary."""
         return list(self._call("tokenize", text=text, add_special=add_special, parse_special=parse_special))
 
-    def quantize(self, src: str, dst: str, ftype: str) -> dict[str, Any]:
-        """llama_model_quantize(src -> dst) to ftype ("Q8_0", "Q4_0", "Q4_K_M", ...); no model needs loading."""
-        return self._call("quantize", src=os.path.abspath(src), dst=os.path.abspath(dst), ftype=ftype)
+    def quantize(self, src: str, dst: str, ftype: str, requantize: bool = False) -> dict[str, Any]:
+        """llama_model_quantize(src -> dst) to ftype ("Q8_0", "Q4_0", "Q4_K_M", ...); no model needs loading.
+        ``requantize``: allow a quantized source (its tensors dequantized, then quantized to ftype)."""
+        return self._call(
+            "quantize", src=os.path.abspath(src), dst=os.path.abspath(dst), ftype=ftype, requantize=requantize
+        )
 
     def system_info(self) -> str:
         """llama_print_system_info() of this build."""

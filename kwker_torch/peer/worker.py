@@ -443,7 +443,7 @@ class Worker:
             raise RuntimeError(f"llama_tokenize failed ({n})")
         return list(buf[:n])
 
-    def quantize(self, src: str, dst: str, ftype: str) -> dict[str, Any]:
+    def quantize(self, src: str, dst: str, ftype: str, requantize: bool = False) -> dict[str, Any]:
         lc = self.lc
         if ftype not in FTYPES:
             raise ValueError(f"quantize: unknown ftype {ftype!r}; known: {sorted(FTYPES)}")
@@ -452,6 +452,8 @@ class Worker:
         params = lc.llama_model_quantize_default_params()
         params.ftype = FTYPES[ftype]
         params.nthread = self.threads
+        # A pre-quantized source (a Q4_K_M file) is dequantized and quantized again only when asked.
+        params.allow_requantize = requantize
         self.recent_log.clear()
         t0 = time.perf_counter()
         rc = lc.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
