@@ -97,7 +97,7 @@ def test_int8_and_int4_run_near_the_float32_logits(case: str) -> None:
     ids = prompt()
     with torch.no_grad():
         ref = copy.deepcopy(model).float()(ids[None]).logits[0]
-    for precision, fmt in (("int8", "q8"), ("int4", "q4k")):
+    for precision, fmt in (("int8", "q8_0"), ("int4", "q4k")):
         dec = KwkDecoder.from_hf(model, precision, max_context=64)
         sparse = sum(s["sparse"] for s in dec.describe()["recipe"]["layer_specs"])
         # Every matrix quantized but a mixture's routers, which stay as stored (plan.KEEP).

@@ -145,8 +145,12 @@ def test_install_int4_generates_sensible_text_on_the_real_smollm2(smollm2: tuple
 
 def test_bad_inputs_get_clear_errors() -> None:
     odd = family_model("odd-head-dim")
-    with pytest.raises(ValueError, match="the embed matrix has k = 160 inputs, not a multiple of q8's block of 64"):
+    # hidden 160 fits int8's 32-value blocks; the intermediate size 336 does not.
+    want = "the down matrix of layer 0 has k = 336 inputs, not a multiple of q8_0's block of 32"
+    with pytest.raises(ValueError, match=want):
         KwkDecoder.from_hf(odd, precision="int8")
+    with pytest.raises(ValueError, match="the embed matrix has k = 160 inputs, not a multiple of q8's block of 64"):
+        KwkDecoder.from_hf(odd, precision="int8", formats={"embed": "q8", "down": "preserve"})
     model = family_model("SmolLM2-360M")
     with pytest.raises(ValueError, match="unknown precision 'int3'"):
         KwkDecoder.from_hf(model, precision="int3")
@@ -241,4 +245,4 @@ def test_int4_plan_keeps_the_ends_at_6_bits_only_below_a_billion_weights() -> No
     assert [large(kind, layer) for kind in ("down", "qkv") for layer in (0, 5, 23)] == ["q4k"] * 6
     assert large("lm_head", 0) == large("embed", 0) == "q6k"
     assert plan.plan("int4", 24, None, (("down", "all"),), weights=2_000_000_000)("down", 5) == "q6k"
-    assert plan.plan("int8", 24, weights=2_000_000_000)("down", 0) == "q8"
+    assert plan.plan("int8", 24, weights=2_000_000_000)("down", 0) == "q8_0"
