@@ -11,13 +11,13 @@ use kwker_kernels::decoder::builder::{Builder, Data, Store};
 use kwker_kernels::decoder::recipe::{Limits, Recipe};
 use kwker_kernels::decoder::tensors::{present, TABLE};
 use kwker_kernels::decoder::weights::MatFormat;
-use kwker_kernels::quant::{gguf, Format};
+use kwker_kernels::quant::{gguf, grid, quantize, Format, QuantOptions};
 use serde_json::json;
 use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
 /// Version of this boundary; `native.py` refuses a library of another.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// Element types a tensor can be handed over in.
 const DTYPES: [&str; 2] = ["f32", "bf16"];
@@ -219,6 +219,136 @@ pub unsafe extern "C" fn kwker_decoder_set(
         let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
         bd.set(name, layer, expert, d, rows, cols, store)
     })
+}
+
+/// Copies matrix `name` in as GPTQ leaves it (`Store::Coded`): `format`'s scales fitted to `fit`
+/// (`rows * cols` f32, with `importance` as `kwker_decoder_set` takes it), then `codes` (`rows * cols`
+/// bytes, stored form, `kwker_quant_grid`'s) under them.
+///
+/// # Safety
+/// `b` a live builder handle; the strings NUL-terminated; `fit` holds `rows * cols` f32s and `codes`
+/// as many bytes; `importance` null or holding `cols` f32s.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_decoder_set_coded(
+    b: *mut c_void,
+    name: *const c_char,
+    layer: i64,
+    expert: i64,
+    format: *const c_char,
+    fit: *const f32,
+    codes: *const u8,
+    rows: i64,
+    cols: i64,
+    importance: *const f32,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantees (here and below).
+        let bd = unsafe { builder(b)? };
+        let (name, format) = unsafe {
+            (
+                c_str(name, "the tensor name")?,
+                c_str(format, "the format")?,
+            )
+        };
+        let f = quant_format(format)?;
+        let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
+        let n = rows.checked_mul(cols).ok_or("the tensor size overflows")?;
+        if (fit.is_null() || codes.is_null()) && n > 0 {
+            return Err(format!("{name}: the values or codes are null"));
+        }
+        // SAFETY: fit and codes hold n elements, importance null or cols (caller's contract).
+        let (fit, codes) = unsafe { (raw_slice(fit, n), raw_slice(codes, n)) };
+        let imp = (!importance.is_null()).then(|| unsafe { raw_slice(importance, cols) });
+        let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
+        bd.set(
+            name,
+            layer,
+            expert,
+            Data::F32(fit),
+            rows,
+            cols,
+            Store::Coded(f, imp, codes),
+        )
+    })
+}
+
+/// Fits `format` to a `rows x cols` f32 matrix (with `importance`, null or `cols` f32s) and writes its
+/// codes (`rows * cols` bytes, stored form), each 32-value sub-block's step and offset (`rows * cols / 32`
+/// f32 each: code c stands for `step * c + offset`) and the codes' range (2 bytes): what GPTQ quantizes
+/// a block of columns under (`quant::grid`).
+///
+/// # Safety
+/// The strings NUL-terminated; `data` holds `rows * cols` f32s; `importance` null or `cols` f32s;
+/// `codes` writable for `rows * cols` bytes, `step` and `offset` for `rows * cols / 32` f32s, `range`
+/// for 2 bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kwker_quant_grid(
+    format: *const c_char,
+    data: *const f32,
+    rows: i64,
+    cols: i64,
+    importance: *const f32,
+    codes: *mut u8,
+    step: *mut f32,
+    offset: *mut f32,
+    range: *mut u8,
+    err: *mut c_char,
+    err_len: usize,
+) -> i32 {
+    guarded(err, err_len, || {
+        // SAFETY: forwarded caller guarantees (here and below).
+        let f = quant_format(unsafe { c_str(format, "the format")? })?;
+        let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
+        let n = rows.checked_mul(cols).ok_or("the matrix size overflows")?;
+        if [
+            data as usize,
+            codes as usize,
+            step as usize,
+            offset as usize,
+            range as usize,
+        ]
+        .contains(&0)
+        {
+            return Err("a null pointer was passed".into());
+        }
+        // SAFETY: sizes as the caller's contract states.
+        let w = unsafe { raw_slice(data, n) };
+        let imp = (!importance.is_null()).then(|| unsafe { raw_slice(importance, cols) });
+        let opt = QuantOptions {
+            format: f,
+            importance: imp,
+            threads: pool().threads(),
+        };
+        let q = quantize(w, rows, cols, &opt)?;
+        let (st, off) = grid::grid(&q);
+        let (lo, hi) = grid::code_range(f);
+        // SAFETY: the outputs are writable for these lengths (caller's contract); st and off hold
+        // rows * cols / 32 values (cols is a multiple of the granule, itself of 32).
+        unsafe {
+            std::ptr::copy_nonoverlapping(q.codes.as_ptr(), codes, n);
+            std::ptr::copy_nonoverlapping(st.as_ptr(), step, st.len());
+            std::ptr::copy_nonoverlapping(off.as_ptr(), offset, off.len());
+            *range = lo;
+            *range.add(1) = hi;
+        }
+        Ok(())
+    })
+}
+
+fn quant_format(name: &str) -> Result<Format, String> {
+    Format::ALL
+        .into_iter()
+        .find(|f| f.name() == name)
+        .ok_or_else(|| {
+            format!(
+                "unknown quantized format {name:?}; expected one of {:?}",
+                Format::ALL.map(Format::name)
+            )
+        })
 }
 
 /// Copies one saved packed matrix (its format's name as `kwker_decoder_export` reported it) into a

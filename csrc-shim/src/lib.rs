@@ -30,7 +30,8 @@ pub use config::{
 };
 pub use decoder_build_ffi::{
     kwker_decoder_abi, kwker_decoder_build, kwker_decoder_builder, kwker_decoder_builder_free,
-    kwker_decoder_free, kwker_decoder_set, kwker_decoder_set_packed, kwker_recipe_tensors,
+    kwker_decoder_free, kwker_decoder_set, kwker_decoder_set_coded, kwker_decoder_set_packed,
+    kwker_quant_grid, kwker_recipe_tensors,
 };
 pub use decoder_io_ffi::{
     kwker_decoder_describe, kwker_decoder_export, kwker_decoder_weight_bytes,

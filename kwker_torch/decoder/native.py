@@ -18,7 +18,7 @@ import torch
 
 from .. import _native
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 ERR_LEN = 2048
 
 LIB = _native.LIB
@@ -45,6 +45,8 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "kwker_decoder_builder": (P, [STR, I64, I64, I64, STR, SZ]),
     "kwker_decoder_set": (I32, [P, STR, I64, I64, STR, P, I64, I64, STR, P, STR, SZ]),
     "kwker_decoder_set_packed": (I32, [P, STR, I64, I64, STR, P, SZ, I64, I64, STR, SZ]),
+    "kwker_decoder_set_coded": (I32, [P, STR, I64, I64, STR, P, P, I64, I64, P, STR, SZ]),
+    "kwker_quant_grid": (I32, [STR, P, I64, I64, P, P, P, P, P, STR, SZ]),
     "kwker_decoder_set_gguf": (
         I32, [P, STR, I64, I64, ctypes.POINTER(ctypes.c_uint32), i64p, SZ, P, SZ, I64, STR, i32p, STR, SZ],
     ),
@@ -157,6 +159,20 @@ class Builder:
                                    rows, cols, store.encode(), imp, self.err, ERR_LEN)  # fmt: skip
         check(rc, self.err, ValueError)
 
+    def set_coded(self, name: str, layer: int, fmt: str, fit: torch.Tensor, codes: torch.Tensor,
+                  importance: torch.Tensor | None = None, expert: int = 0) -> None:  # fmt: skip
+        """Stores matrix ``name`` as GPTQ leaves it: ``fmt``'s scales fitted to ``fit`` (float32 [rows, cols],
+        with ``importance``) as ``set(..., store=fmt)`` fits them, then ``codes`` (uint8, same shape, the stored
+        form ``quant_grid`` returns) under those scales."""
+        fit, codes = fit.float().contiguous(), codes.to(torch.uint8).contiguous()
+        if fit.shape != codes.shape or fit.dim() != 2:
+            raise ValueError(f"{name}: fit {tuple(fit.shape)} and codes {tuple(codes.shape)} must be one 2-D shape")
+        imp = importance.float().contiguous() if importance is not None else None
+        rc = LIB.kwker_decoder_set_coded(self.b, name.encode(), layer, expert, fmt.encode(), fit.data_ptr(),
+                                         codes.data_ptr(), fit.shape[0], fit.shape[1],
+                                         imp.data_ptr() if imp is not None else None, self.err, ERR_LEN)  # fmt: skip
+        check(rc, self.err, ValueError)
+
     def set_packed(self, name: str, layer: int, fmt: str, data: torch.Tensor, rows: int, cols: int,
                    expert: int = 0) -> None:  # fmt: skip
         rc = LIB.kwker_decoder_set_packed(self.b, name.encode(), layer, expert, fmt.encode(), data.data_ptr(),
@@ -188,6 +204,25 @@ class Builder:
         if getattr(self, "b", None):
             LIB.kwker_decoder_builder_free(self.b)
             self.b = None
+
+
+def quant_grid(fmt: str, w: torch.Tensor, importance: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, int]]:  # fmt: skip
+    """``fmt`` fitted to ``w`` (float32 [rows, cols], cols a multiple of the format's granule) as the builder fits
+    it: (codes uint8 [rows, cols] in stored form, step and offset float32 [rows, cols / 32], (lowest code,
+    highest code)); code c of sub-block s stands for ``step[:, s] * c + offset[:, s]`` (rust/src/quant/grid.rs)."""
+    w = w.float().contiguous()
+    rows, cols = w.shape
+    imp = importance.float().contiguous() if importance is not None else None
+    codes = torch.empty(rows, cols, dtype=torch.uint8)
+    step, offset = torch.empty(rows, cols // 32), torch.empty(rows, cols // 32)
+    rng, err = (ctypes.c_uint8 * 2)(), err_buf()
+    if cols % 32:
+        raise ValueError(f"quant_grid: {cols} columns is not a multiple of 32")
+    rc = LIB.kwker_quant_grid(fmt.encode(), w.data_ptr(), rows, cols, imp.data_ptr() if imp is not None else None,
+                              codes.data_ptr(), step.data_ptr(), offset.data_ptr(), rng, err, ERR_LEN)  # fmt: skip
+    check(rc, err, ValueError)
+    return codes, step, offset, (rng[0], rng[1])
 
 
 def describe(h: Any) -> dict[str, Any]:

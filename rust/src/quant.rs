@@ -44,6 +44,7 @@ mod f16;
 mod fit;
 mod fit_k;
 pub mod gguf;
+pub mod grid;
 pub mod kblock;
 
 use std::cell::RefCell;

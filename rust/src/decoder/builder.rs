@@ -38,11 +38,14 @@ impl Data<'_> {
     }
 }
 
-/// How a matrix is stored: as given, or quantized (with an optional per-input-column importance).
+/// How a matrix is stored: as given, quantized (with an optional per-input-column importance), or coded:
+/// the format's scales fitted to the given values (with the importance) as `Quant` fits them, and then
+/// the given codes (row-major, stored form: `quant::grid`) under those scales (GPTQ's result).
 #[derive(Clone, Copy, Debug)]
 pub enum Store<'a> {
     AsGiven,
     Quant(Format, Option<&'a [f32]>),
+    Coded(Format, Option<&'a [f32]>, &'a [u8]),
 }
 
 pub struct Builder {
@@ -160,7 +163,7 @@ impl Builder {
             ));
         }
         if !t.spec().matrix {
-            if matches!(store, Store::Quant(..)) {
+            if matches!(store, Store::Quant(..) | Store::Coded(..)) {
                 return Err(format!(
                     "{} is a vector; only matrices can be quantized",
                     describe(t, layer, expert)
@@ -172,20 +175,24 @@ impl Builder {
         let m = match (store, data) {
             (Store::AsGiven, Data::Bf16(d)) => Mat::from_bf16(d, rows, cols),
             (Store::AsGiven, Data::F32(d)) => Mat::from_f32(d, rows, cols),
-            (Store::Quant(format, importance), data) => {
+            (Store::Quant(format, importance) | Store::Coded(format, importance, _), data) => {
                 let values = data.to_f32();
                 let opt = QuantOptions {
                     format,
                     importance,
                     threads: self.quant_threads,
                 };
-                let q = quantize(&values, rows, cols, &opt).map_err(|e| {
+                let mut q = quantize(&values, rows, cols, &opt).map_err(|e| {
                     format!(
                         "{} cannot be stored as {}: {e}",
                         describe(t, layer, expert),
                         format.name()
                     )
                 })?;
+                if let Store::Coded(_, _, codes) = store {
+                    q.set_codes(codes)
+                        .map_err(|e| format!("{}: {e}", describe(t, layer, expert)))?;
+                }
                 Mat::Quant(QuantWeight::pack(&q))
             }
         };
