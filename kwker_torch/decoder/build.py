@@ -98,6 +98,8 @@ def from_hf(
     calib: str | Sequence[int] | torch.Tensor | None = None,
     tokenizer: Any | None = None,
     formats: dict[str, str] | None = None,
+    gptq: bool = False,
+    act_order: bool = False,
 ) -> Any:
     if precision not in PRECISIONS:
         raise ValueError(f"kwker: unknown precision {precision!r}; expected one of {PRECISIONS}")
@@ -112,6 +114,13 @@ def from_hf(
     extra = sorted(set(sources) - need)
     if extra:
         raise ValueError(f"kwker: the {fam.name} mapping gives tensors its recipe has no place for: {extra}")
+    if (gptq or act_order) and calib is None:
+        raise ValueError(
+            "kwker: gptq=True needs calibration text: pass calib= (a few thousand tokens of text like the model's "
+            "own use) with tokenizer=, or token ids"
+        )
+    if act_order and not gptq:
+        raise ValueError("kwker: act_order=True is a GPTQ option; pass gptq=True with it")
     imp = None  # calibration last among the checks: it runs the model over the whole text
     if calib is not None:
         if precision == "preserve" and not formats:
@@ -120,13 +129,19 @@ def from_hf(
             )
         modules = {k: (s.module, s.rows) for k, s in sources.items() if s.module is not None}
         modules[("lm_head", 0, 0)] = (model.lm_head, None)  # a tied embedding is calibrated as its lm_head
-        imp = plan.importance(model, plan.calib_ids(calib, tokenizer), modules)
+        ids = plan.calib_ids(calib, tokenizer)
+        # GPTQ's Hessians hold the importance (their diagonals): one pass over the text, not two.
+        imp = {} if gptq else plan.importance(model, ids, modules)
     builder = native.Builder(recipe, max_batch, max_context, CHUNK_ROWS)
+    done: set[tuple[str, int, int]] = set()
+    if gptq:
+        done = _gptq(builder, model, ids, sources, choose, recipe["tied_embeddings"], act_order)
     info: dict[str, Any] = {
         "family": fam.name, "precision": precision, "bf16_matrices": 0, "f32_matrices": 0,
         **{f"{q}_matrices": 0 for q in plan.QUANT},
         "tied_embeddings": recipe["tied_embeddings"], "calibrated": imp is not None, "formats": {},
         "plan": fam.plan_note if precision == "int4" else None,
+        "gptq": len(done) if gptq else None,
     }  # fmt: skip
     # Stored bits and weights of the matrices a token reads, for bits_per_weight: a sparse layer's experts count
     # top_k / experts of their size (a token reads its k), and every weight once in total_weights.
@@ -147,7 +162,7 @@ def from_hf(
                 where = f" of layer {t['layer']}" if native.TENSORS[t["name"]]["per_layer"] else ""
                 where += f", expert {t['expert']}" if native.TENSORS[t["name"]]["per_expert"] else ""
                 raise ValueError(f"kwker: the {fam.name} mapping did not give {t['name']}{where} (its recipe needs it)")
-            _put(builder, src, choose, info, bits, imp, recipe["tied_embeddings"], share)
+            _put(builder, src, choose, info, bits, imp, recipe["tied_embeddings"], share, key in done)
     h = builder.build()
     info["weight_bytes_per_token"] = int(native.LIB.kwker_decoder_weight_bytes(h))
     info["kv_bytes"] = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
@@ -164,8 +179,34 @@ def from_hf(
     return dec
 
 
+def _gptq(b: native.Builder, model: torch.nn.Module, ids: torch.Tensor, sources: dict, choose: Any, tied: bool,
+          act_order: bool) -> set[tuple[str, int, int]]:  # fmt: skip
+    """Stores every quantized matrix that has calibration inputs through GPTQ (``gptq.py``); returns their keys.
+    A tied embedding is GPTQ'd as the lm_head it also is (its inputs are lm_head's)."""
+    from . import gptq
+
+    jobs = []
+    for key, src in sources.items():
+        name, layer, _ = key
+        if not native.TENSORS[name]["matrix"] or name not in plan.KINDS or choose(name, layer) == "preserve":
+            continue
+        hk, mod, rows = (key, src.module, src.rows)
+        if name == "embed" and tied:
+            hk, mod, rows = ("lm_head", 0, 0), model.lm_head, None
+        if mod is None:  # an untied embedding is a lookup: no inputs to compensate for
+            continue
+        fmt = choose(name, layer)
+        plan.check_quantizable(name, layer, fmt, src.value.shape[1])
+        jobs.append((key, hk, mod, rows, src.value, fmt))
+
+    def store(key: tuple[str, int, int], fmt: str, fit: torch.Tensor, codes: torch.Tensor, w: torch.Tensor) -> None:
+        b.set_coded(key[0], key[1], fmt, fit, codes, w, expert=key[2])
+
+    return set(gptq.run(model, ids, jobs, store, act_order=act_order))
+
+
 def _put(b: native.Builder, src: families.Source, choose: Any, info: dict, bits: list, imp: Any,
-         tied: bool, share: float) -> None:  # fmt: skip
+         tied: bool, share: float, stored_already: bool = False) -> None:  # fmt: skip
     name, layer, expert = src.name, src.layer, src.expert
     matrix = native.TENSORS[name]["matrix"]
     fmt = choose(name, layer) if matrix and name in plan.KINDS else "preserve"
@@ -183,6 +224,8 @@ def _put(b: native.Builder, src: families.Source, choose: Any, info: dict, bits:
         info["bits_per_weight"] = bits[0] / bits[1]
         info["active_weights"] = int(round(bits[1]))
         info["total_weights"] = info.get("total_weights", 0) + t.numel()
+    if stored_already:  # GPTQ put it in
+        return
     if fmt == "preserve":
         b.set(name, layer, t, expert=expert)
         return

@@ -153,6 +153,20 @@ def importance(
     model runs in torch in chunks of 512 tokens with a forward pre-hook on each matrix's input module
     (``modules``: the family's ``Source.module`` and ``Source.rows``, which picks the matrix's input rows from
     the module's arguments, by default its first; a tied embedding's key is lm_head's)."""
+    stats = run_inputs(model, ids, modules, lambda x: (x * x).sum(0), "kwker: calibrating")
+    return {k: (v / n).contiguous() for k, (v, n) in stats.items()}
+
+
+def run_inputs(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    modules: dict[tuple[str, int, int], tuple[torch.nn.Module, Rows | None]],
+    stat: Callable[[torch.Tensor], torch.Tensor],
+    desc: str,
+) -> dict[tuple[str, int, int], tuple[torch.Tensor, int]]:
+    """Runs the model's own forward over ``ids`` in chunks of 512 tokens and sums ``stat`` of each matrix's
+    input rows (float32 [tokens, cols]) per key, with how many rows were summed (``importance``'s engine, and
+    GPTQ's Hessians). Keys that saw no rows (an expert no token chose) are absent."""
     vocab = model.get_input_embeddings().weight.shape[0]
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ValueError(
@@ -167,7 +181,11 @@ def importance(
             if x is None or x.numel() == 0:
                 return
             x = x.detach().float().reshape(-1, x.shape[-1])
-            sums[key] = sums.get(key, 0) + (x * x).sum(0)
+            s = stat(x)
+            if key in sums:
+                sums[key] += s
+            else:
+                sums[key] = s
             counts[key] = counts.get(key, 0) + x.shape[0]
 
         return run
@@ -180,12 +198,12 @@ def importance(
         from tqdm.auto import tqdm
 
         with torch.no_grad():
-            for s in tqdm(range(0, ids.numel(), CALIB_CHUNK), desc="kwker: calibrating", unit="chunk"):
+            for s in tqdm(range(0, ids.numel(), CALIB_CHUNK), desc=desc, unit="chunk"):
                 forward(ids[s : s + CALIB_CHUNK][None])
     finally:
         for h in handles:
             h.remove()
-    return {k: (v / counts[k]).contiguous() for k, v in sums.items()}
+    return {k: (v, counts[k]) for k, v in sums.items()}
 
 
 def row_bits(fmt: str, cols: int) -> float:

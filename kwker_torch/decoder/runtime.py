@@ -98,6 +98,8 @@ class KwkDecoder:
         calib: str | Sequence[int] | torch.Tensor | None = None,
         tokenizer: Any | None = None,
         formats: dict[str, str] | None = None,
+        gptq: bool = False,
+        act_order: bool = False,
     ) -> Any:
         """Builds a decoder from a loaded Hugging Face causal LM of any family ``families.supported()`` lists
         (its weights are copied; the model is not changed). ``max_context`` defaults to the model's
@@ -105,18 +107,20 @@ class KwkDecoder:
 
         ``precision``: "preserve" (the model's own weights), "balanced"/"int8" or "int4" (see ``plan.py``).
         ``calib``: a text (with ``tokenizer``) or token ids whose activations weight the quantization error
-        (4- and 8-bit formats). ``formats``: per-matrix overrides of the plan.
+        (4- and 8-bit formats). ``formats``: per-matrix overrides of the plan. ``gptq``: with ``calib``, each
+        quantized matrix's codes chosen by GPTQ (``gptq.py``: column-by-column error compensation through the
+        calibration inputs' Hessian); ``act_order``: GPTQ's columns in decreasing order of activation energy.
 
         Any other causal LM gets a ``generic.CompiledDecoder`` (the compile backend's path: ``generate()`` with
         these arguments, precision "preserve" only), logged once."""
         from . import build, families, generic
 
         if not families.maps(model) and generic.is_causal_lm(model):
-            if precision != "preserve" or calib is not None or formats is not None:
-                raise generic.refuse(model, f"precision={precision!r} (or calib=, formats=)")
+            if precision != "preserve" or calib is not None or formats is not None or gptq:
+                raise generic.refuse(model, f"precision={precision!r} (or calib=, formats=, gptq=)")
             return generic.CompiledDecoder(model, max_batch, max_context)
         return build.from_hf(cls, model, precision, max_batch, max_context, calib=calib, tokenizer=tokenizer,
-                             formats=formats)  # fmt: skip
+                             formats=formats, gptq=gptq, act_order=act_order)  # fmt: skip
 
     @classmethod
     def from_gguf(
