@@ -40,6 +40,10 @@ def test_bad_flags_and_a_missing_model_are_refused_clearly(tmp_path: object) -> 
     assert out.returncode == 2 and "--slots must be a positive integer, got 0" in out.stderr
     out = run("--precision", "int3")
     assert out.returncode == 2 and "--precision 'int3': expected one of preserve, balanced, int8, int4" in out.stderr
+    out = run("--precision", "int4", "--gptq")
+    assert out.returncode == 2 and "--gptq fits each matrix to calibration text: pass --calib FILE" in out.stderr
+    out = run("--precision", "int4", "--calib", "/nonexistent.txt")
+    assert out.returncode == 2 and "--calib '/nonexistent.txt': no such file" in out.stderr
     out = run("--model", "/nonexistent/model", "--port", str(free_port()))
     assert out.returncode != 0 and "--model '/nonexistent/model': no Hugging Face model folder" in out.stderr
 
@@ -47,6 +51,35 @@ def test_bad_flags_and_a_missing_model_are_refused_clearly(tmp_path: object) -> 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield tiny_model(str(tmp_path_factory.mktemp("tiny")))
+
+
+def test_int4_calibrated_with_gptq_serves(folder: str, tmp_path: object) -> None:
+    """--precision int4 --calib FILE --gptq: the decoder's matrices are GPTQ's, and it answers."""
+    from kwker_torch.serve import ServeOptions, create_app, engine_for
+    from kwker_torch.serve.background import Background
+    from kwker_torch.serve.options import add_flags, from_flags, load_model
+
+    text = os.path.join(str(tmp_path), "calib.txt")
+    with open(text, "w") as f:
+        f.write("The quick brown fox jumps over the lazy dog while the cat sleeps by the fire. " * 30)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    opts: ServeOptions = from_flags(parser.parse_args(["--model", folder, "--precision", "int4", "--calib", text,
+                                                       "--gptq", "--slots", "2", "--max-context", "256"]))
+    assert opts.gptq and opts.calib == text
+    model, tok = load_model(opts)
+    engine = engine_for(model, tok, opts)
+    try:
+        info = engine.dec.info
+        assert info["calibrated"] and info["gptq"] == info["q4k_matrices"] + info["q6k_matrices"] > 0
+        with Background(create_app(opts, engine=engine)) as srv:
+            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "The quick", "max_tokens": 4,
+                                                                "temperature": 0}, timeout=60)  # fmt: skip
+            assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+    finally:
+        engine.shutdown(grace=5)
 
 
 def test_sigterm_lets_a_stream_finish_then_exits(folder: str) -> None:

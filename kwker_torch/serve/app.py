@@ -94,7 +94,12 @@ def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None
             raise generic.refuse(model, "the server (its continuous batching runs on KwkDecoder.step)")
         families.family_of(model)  # names what it is not
     _threads(opts)
-    dec = KwkDecoder.from_hf(model, opts.precision, max_batch=opts.slots, max_context=opts.max_context)
+    calib = None
+    if opts.calib is not None:
+        with open(opts.calib, encoding="utf-8", errors="replace") as f:
+            calib = f.read()
+    dec = KwkDecoder.from_hf(model, opts.precision, max_batch=opts.slots, max_context=opts.max_context,
+                             calib=calib, tokenizer=tok if calib is not None else None, gptq=opts.gptq)  # fmt: skip
     return _start(dec, tok, eos_ids(model), opts, metrics)
 
 

@@ -24,6 +24,8 @@ class ServeOptions:
     model: str | None = None  # HF folder or cached hub id; None: the real SmolLM2-135M-Instruct
     # "preserve" (the model's own weights; a GGUF file's tensors as stored), "int8" / "balanced", "int4"
     precision: str = "preserve"
+    calib: str | None = None  # a text file whose activations weight int8/int4's rounding (calib= of from_hf)
+    gptq: bool = False  # with calib: each matrix's codes chosen by GPTQ
     slots: int = 8  # sequences decoded together in one step (each holds one request and its cached text)
     max_context: int = 2048  # tokens per slot: prompt + completion
     queue: int = 64  # requests waiting for a slot beyond those running; more are answered 429
@@ -40,6 +42,15 @@ class ServeOptions:
     def check(self) -> ServeOptions:
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
+        if self.gptq and self.calib is None:
+            raise ValueError("--gptq fits each matrix to calibration text: pass --calib FILE (a text like the "
+                             "requests the server will get; a few thousand tokens) with it")  # fmt: skip
+        if self.calib is not None:
+            if self.precision == "preserve":
+                raise ValueError("--calib only applies to --precision int8 or int4 (preserve keeps the model's "
+                                 "own weights); drop it or choose a quantized precision")  # fmt: skip
+            if not os.path.isfile(self.calib):
+                raise ValueError(f"--calib {self.calib!r}: no such file; pass a text file")
         for name in ("slots", "max_context", "prefill_chunk"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -67,6 +78,9 @@ FLAG_HELP = {
     "model": "Hugging Face model folder, .gguf file or locally cached hub id (default: the real SmolLM2-135M-Instruct)",
     "precision": "preserve (the model's own weights; a .gguf file's tensors run as stored), int8 (alias balanced) or "
                  "int4 (from a .gguf file: its values dequantized, then quantized again)",
+    "calib": "text file the quantized precisions are fitted to (each matrix's rounding weighted by its inputs on "
+             "this text)",
+    "gptq": "with --calib: choose each matrix's codes by GPTQ (error compensation through the inputs' Hessian)",
     "slots": "sequences decoded together per step; each keeps its text for prefix reuse",
     "max_context": "tokens per request (prompt + completion)",
     "queue": "requests that may wait for a slot; beyond it, 429 with Retry-After",
@@ -90,6 +104,10 @@ def add_flags(parser: argparse.ArgumentParser | Any, skip: Sequence[str] = (),
     texts = {**FLAG_HELP, **(help or {})}
     for f in dataclasses.fields(ServeOptions):
         if f.name in skip:
+            continue
+        if isinstance(f.default, bool):
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, action="store_true",
+                                help=texts.get(f.name))  # fmt: skip
             continue
         kind = {int: int, float: float}.get(type(f.default), str)
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=f.default,
