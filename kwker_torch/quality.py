@@ -483,9 +483,10 @@ def kwker_gguf_logits_fn(path: str, ctx: int, info: dict | None = None) -> Logit
 
 def kwker_logits_fn(
     model: Any, precision: str, ctx: int, calib: torch.Tensor | None = None, info: dict | None = None,
-    formats: dict[str, str] | None = None,
+    formats: dict[str, str] | None = None, gptq: bool = False,
 ) -> LogitsFn:
-    """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx, calib=..., formats=...).score``
+    """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx, calib=..., formats=..., gptq=...)``
+    ``.score``
     as a logits fn; the decoder's ``info`` (bits per weight, bytes) is copied into ``info``.
 
     Raises DecoderUnavailable if the decoder is not in this build, QualityError if it refuses the
@@ -495,7 +496,9 @@ def kwker_logits_fn(
     except ImportError as exc:
         raise DecoderUnavailable(f"kwker_torch.KwkDecoder is not available in this build ({exc})") from exc
     try:
-        extra = {"formats": formats} if formats else {}  # formats= only when asked (stand-ins in tests)
+        extra: dict[str, Any] = {"formats": formats} if formats else {}  # only when asked (stand-ins in tests)
+        if gptq:
+            extra["gptq"] = True
         dec = KwkDecoder.from_hf(model, precision=precision, max_batch=1, max_context=ctx, calib=calib, **extra)
     except (NotImplementedError, ValueError) as exc:
         raise QualityError(f"the kwker decoder cannot run --precision {precision}: {exc}") from exc
@@ -601,6 +604,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--calib-tokens", type=int, default=8192, help="calibration tokens (default 8192)")
     ap.add_argument(
+        "--gptq",
+        action="store_true",
+        help="also run each quantized precision calibrated with GPTQ (needs --calib)",
+    )
+    ap.add_argument(
         "--formats",
         nargs="+",
         default=None,
@@ -662,16 +670,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if bad:
             raise QualityError(f"--formats takes KIND=FORMAT pairs (e.g. down=q6k); got {bad}")
         formats_arg = dict(f.split("=") for f in args.formats)
-    runs = [(p, None) for p in precisions]
-    runs += [(p, calib_ids) for p in precisions if calib_ids is not None and p != "preserve"]
+    if args.gptq and calib_ids is None:
+        raise QualityError("--gptq fits each matrix to calibration text: pass --calib FILE with it")
+    runs: list[tuple[str, torch.Tensor | None, bool]] = [(p, None, False) for p in precisions]
+    quantized = [p for p in precisions if calib_ids is not None and p not in ("preserve", "gguf")]
+    runs += [(p, calib_ids, False) for p in quantized]
+    runs += [(p, calib_ids, True) for p in quantized if args.gptq]
     contenders: dict[str, LogitsFn] = {}
     formats: dict[str, str] = {REF_NAME: "float32"}
     bits: dict[str, float] = {REF_NAME: 32.0}
     setup: dict[str, float] = {}
     skipped: list[dict[str, str]] = []
     with contextlib.ExitStack() as stack:
-        for precision, calib in runs:
-            name = f"kwker {precision}" + ("+calib" if calib is not None else "")
+        for precision, calib, gptq in runs:
+            name = f"kwker {precision}" + ("+calib" if calib is not None else "") + ("+gptq" if gptq else "")
             if formats_arg:
                 name += " [" + ",".join(args.formats) + "]"
             t0 = time.perf_counter()
@@ -685,7 +697,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         continue  # the file's own formats: nothing to calibrate or override
                     contenders[name] = kwker_gguf_logits_fn(args.model, args.ctx, info)
                 else:
-                    contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg)
+                    contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg, gptq)
                 formats[name] = "as stored" if precision == "gguf" else precision
                 bits[name] = info.get("bits_per_weight", float("nan"))
                 setup[name] = time.perf_counter() - t0
