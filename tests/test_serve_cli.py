@@ -75,8 +75,8 @@ def test_int4_calibrated_with_gptq_serves(folder: str, tmp_path: object) -> None
         info = engine.dec.info
         assert info["calibrated"] and info["gptq"] == info["q4k_matrices"] + info["q6k_matrices"] > 0
         with Background(create_app(opts, engine=engine)) as srv:
-            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "The quick", "max_tokens": 4,
-                                                                "temperature": 0}, timeout=60)  # fmt: skip
+            body = {"model": opts.model_name, "prompt": "The quick", "max_tokens": 4, "temperature": 0}
+            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
             assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop")
     finally:
         engine.shutdown(grace=5)
