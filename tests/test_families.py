@@ -111,6 +111,18 @@ def test_int8_and_int4_run_near_the_float32_logits(case: str) -> None:
         assert len(out.tokens) == 6
 
 
+def test_gemma3_int4_keeps_its_measured_6_bit_matrices() -> None:
+    """Gemma 3's int4 plan (chosen on the real 270M): q/k/v and gate/up at 6 bits in every layer, the ends'
+    down projections too, o at 4; other families keep SmolLM2's rule (o and the middle layers' qkv at 4)."""
+    dec = KwkDecoder.from_hf(tiny("gemma3-270m", torch.bfloat16), "int4", max_context=64)
+    layers = dec.describe()["recipe"]["layers"]
+    f = dec.info["formats"]
+    assert all(f[f"qkv.{i}"] == f[f"up.{i}"] == "q6k" and f[f"o.{i}"] == "q4k" for i in range(layers))
+    assert "real Gemma 3 270M" in dec.info["plan"]
+    other = KwkDecoder.from_hf(tiny("qwen3", torch.bfloat16), "int4", max_context=64).info
+    assert other["formats"]["up.0"] == "q4k" and "SmolLM2" in other["plan"]
+
+
 @pytest.mark.parametrize(
     ("case", "field", "value", "message"),
     [

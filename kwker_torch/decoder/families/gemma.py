@@ -60,6 +60,18 @@ class Gemma2(LlamaStyle):
 class Gemma3(Gemma2):
     name = "Gemma 3"
     model_types = ("gemma3_text",)
+    # int4: q/k/v and gate/up at 6 bits in every layer, chosen on the real Gemma 3 270M (quality tool, 20 chunks
+    # of Austen; BENCHMARKS.md, issue 31 part 2). Its source file is Q4_K_M, whose q/k/v and gate/up are Q5_0:
+    # re-rounding those to 4 bits cost most of the +13.3 % (qkv alone at 6 bits: +3.65 % calibrated, up alone
+    # +3.26 %, down or o alone under +0.5 pp).
+    sensitive = (("qkv", "all"), ("up", "all"), ("down", "ends"))
+    plan_note = (
+        "q/k/v and gate/up projections q6k in every layer, the first and last layers' down projections and the "
+        "embedding q6k, the rest q4k (6.1 bits per weight on Gemma 3 270M, 63 % of whose weights are the "
+        "embedding): measured on the real Gemma 3 270M (a Q4_K_M file, its q/k/v and gate/up stored as Q5_0): "
+        "perplexity +1.45 % (SmolLM2's rule: +13.3 %), +1.27 % calibrated, +0.29 % with GPTQ; llama.cpp's "
+        "Q4_K_M of the same values +0.56 % at 7.35 bits, Q4_0 +40 %"
+    )
 
     def qk_norm(self, f: Fields) -> dict[str, Any] | None:
         return {"norm": norm("rms", f["rms_norm_eps"]), "scope": "head", "per_head_weights": False}
