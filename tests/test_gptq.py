@@ -112,6 +112,26 @@ def test_experts_are_gptqd_on_the_tokens_routed_to_them(monkeypatch: pytest.Monk
         assert torch.equal(dec.weight(name, layer, expert), grid_values(fmt, fit, codes, imp))
 
 
+def test_hessians_in_groups_under_a_memory_budget_give_the_same_codes() -> None:
+    """A budget smaller than the model's Hessians runs one forward per group; every matrix comes out the same."""
+    from kwker_torch.decoder import families, plan
+
+    model = family_model("SmolLM2-360M")
+    ids = torch.randint(3, 1000, (300,), generator=torch.Generator().manual_seed(8))
+    fam, recipe = families.read(model)
+    sources = {s.key: s for s in fam.tensors(model, recipe)}
+    jobs = [(k, k, s.module, s.rows, s.value, "q4k") for k, s in sources.items()
+            if s.module is not None and k[0] in plan.KINDS]  # fmt: skip
+    runs = []
+    total = sum(j[4].shape[1] ** 2 * 4 for j in jobs)
+    for budget in (1 << 40, total // 2):  # one group, then two or three
+        got: dict = {}
+        done = gptq.run(model, ids, jobs, lambda k, f, fit, c, w, got=got: got.__setitem__(k, c), budget=budget)
+        assert sorted(done) == sorted(j[0] for j in jobs)
+        runs.append(got)
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+
+
 def test_install_takes_gptq_and_act_order() -> None:
     model = family_model("SmolLM2-360M", layers=1)
     calib = torch.randint(3, 1000, (300,), generator=torch.Generator().manual_seed(6))
