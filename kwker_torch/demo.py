@@ -15,10 +15,10 @@ The ``quant`` section runs ``decode.install(model, precision="int8")`` and ``"in
 against stock torch bf16; their tokens are not the model's own (the weights are rounded), and the row says
 for how many tokens they agree with stock float32.
 
-The ``spec`` section asks for a passage of Persuasion (``../shared/data/text``) to be repeated: Hugging Face
-``generate()`` on the decoder with and without ``prompt_lookup_num_tokens=8`` (speculative decoding from the
-prompt's own text; the tokens must be stock float32's), then a second chat turn's time to first token with
-the prompt cache and without.
+The ``spec`` section asks for the opening of the project's sample story (``kwker_torch/texts``) to be
+repeated: Hugging Face ``generate()`` on the decoder with and without ``prompt_lookup_num_tokens=8``
+(speculative decoding from the prompt's own text; the tokens must be stock float32's), then a second chat
+turn's time to first token with the prompt cache and without.
 
 The ``serve`` section runs the OpenAI-compatible server's app on a local port (``kwker_torch/serve/demo.py``):
 a streamed answer, 8 chat requests one at a time and then all at once (the same text either way), and a
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -41,11 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import decode, isa, num_threads, torch_ops
+from . import decode, isa, num_threads, texts, torch_ops
 from .decoder import KwkDecoder
 from .models import chat_ids, generate_greedy, load_smollm2
-
-PASSAGE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text", "persuasion.txt")
 
 
 @dataclass
@@ -68,14 +65,9 @@ def _gen(model: torch.nn.Module, ids: torch.Tensor, n: int, **kw: object) -> tup
     return out.sequences[0, ids.shape[1] :], torch.stack(out.logits, 1)[0].float()
 
 
-def quoting_ids(tok: object) -> torch.Tensor | None:
-    """A prompt that quotes its input (a passage to repeat), or None without the shared text folder."""
-    if not os.path.exists(PASSAGE):
-        return None
-    with open(PASSAGE, encoding="utf-8") as f:
-        text = f.read()
-    words = text[text.index("Sir Walter Elliot") :].split()[:120]
-    return chat_ids(tok, "Repeat the following passage exactly, word for word:\n\n" + " ".join(words))
+def quoting_ids(tok: object) -> torch.Tensor:
+    """A prompt that quotes its input: the opening 120 words of the sample story, to repeat."""
+    return chat_ids(tok, "Repeat the following passage exactly, word for word:\n\n" + texts.passage(120))
 
 
 def chat_cache_demo(model: torch.nn.Module, tok: object) -> None:
@@ -190,9 +182,6 @@ def main() -> None:
     say(f"{time.perf_counter() - t0:.1f} s\n")
     f32_ref = _gen(f32, ids, n)  # stock float32 tokens: what every exact path must give
     qids = quoting_ids(tok) if "spec" in a.dtype else None
-    if "spec" in a.dtype and qids is None:
-        say(f"[spec] skipped: the shared text folder is missing ({PASSAGE})")
-        a.dtype.remove("spec")
     torch_ops.reset_choices()
     sections = {
         "bf16": [

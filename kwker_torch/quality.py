@@ -31,9 +31,11 @@ Protocol (llama.cpp ``tools/perplexity/perplexity.cpp``, function ``perplexity``
     ``tokens[i+1]`` for logits row ``i``): ``ctx - 1 - ctx//2`` tokens per chunk (255 for 512).
   - Perplexity = ``exp(mean NLL)`` over all scored tokens of all chunks.
   - Text: the files given by ``--text`` are concatenated in the order given (as ``cat FILE...``), then one
-    trailing newline is dropped (as llama.cpp's ``-f`` does). Default: the first ``*.txt`` in sorted order
-    of ``../shared/data/text/`` relative to the repo root. At least one full chunk is needed (llama-perplexity
-    itself refuses texts shorter than ``2*ctx`` tokens; on any text it accepts the scores are the same).
+    trailing newline is dropped (as llama.cpp's ``-f`` does). Default: the project's own sample story
+    (``kwker_torch/texts/sample.txt``, 2,167 tokens: four chunks of 512); published numbers pass the Austen
+    novels explicitly (``--text ../shared/data/text/mansfieldpark.txt``). At least one full chunk is needed
+    (llama-perplexity itself refuses texts shorter than ``2*ctx`` tokens; on any text it accepts the scores are
+    the same).
   - The ids come from the model's Hugging Face tokenizer for every contender, including llama.cpp (whose
     own tokenizer could split a rare string differently); a llama.cpp GGUF must have the model's vocabulary.
 
@@ -68,6 +70,8 @@ from typing import Any
 
 import torch
 
+from .texts import SAMPLE
+
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 
 REF_NAME = "hf-f32"
@@ -75,8 +79,7 @@ PRECISIONS = ("preserve", "balanced", "int8", "int4", "gguf")  # gguf: --model F
 DEFAULT_PRECISION = "preserve"
 DEFAULT_CTX = 512
 BLOCK = 64  # rows of logits scored at once in float64 (64 x 49152 x 8 bytes = 25 MB per temporary)
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TEXT_DIR = REPO_ROOT.parent / "shared" / "data" / "text"
+DEFAULT_TEXT = SAMPLE  # the project's own text (kwker_torch/texts), so a clone alone runs the tool
 
 
 class QualityError(ValueError):
@@ -344,14 +347,9 @@ def evaluate(
 
 def read_texts(paths: Sequence[str | os.PathLike[str]] | None) -> tuple[str, list[str]]:
     """(text, file names): the files concatenated as ``cat`` would, one trailing newline dropped (as
-    llama.cpp's ``-f``). Default: the first ``*.txt`` in sorted order of DEFAULT_TEXT_DIR."""
+    llama.cpp's ``-f``). Default: DEFAULT_TEXT, the project's sample story."""
     if not paths:
-        found = sorted(DEFAULT_TEXT_DIR.glob("*.txt")) if DEFAULT_TEXT_DIR.is_dir() else []
-        if not found:
-            raise QualityError(
-                f"no default text: {DEFAULT_TEXT_DIR} has no *.txt files; pass your own with --text FILE"
-            )
-        paths = [found[0]]
+        paths = [DEFAULT_TEXT]
     parts = []
     for p in paths:
         path = Path(p)
@@ -621,7 +619,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=None,
         metavar="FILE",
-        help=f"text file(s), concatenated (default: first *.txt of {DEFAULT_TEXT_DIR})",
+        help="text file(s), concatenated (default: the project's sample story, kwker_torch/texts/sample.txt)",
     )
     ap.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="chunk length in tokens (default 512)")
     ap.add_argument("--chunks", type=int, default=None, help="score at most N chunks (default: all)")

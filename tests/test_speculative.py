@@ -6,27 +6,15 @@ without it; sampling stays seeded; bad settings are named."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from kwker_torch import KwkDecoder, decode
+from kwker_torch import KwkDecoder, decode, texts
 from kwker_torch.models import chat_ids, generate_greedy, random_model
-
-TEXT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text", "persuasion.txt")
 
 
 def passage(words: int = 120) -> str:
-    if not os.path.exists(TEXT):
-        return " ".join(
-            "The harbour lights were low and the keeper climbed the stair to trim the lamp before the storm".split()
-            * (words // 18 + 1)
-        )
-    with open(TEXT, encoding="utf-8") as f:
-        text = f.read()
-    start = text.index("Sir Walter Elliot")
-    return " ".join(text[start:].split()[:words])
+    return texts.passage(words)  # the project's own sample story (kwker_torch/texts)
 
 
 def quoting_prompt(tok: object) -> torch.Tensor:
