@@ -30,9 +30,14 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 def test_help_lists_the_flags() -> None:
     out = run("--help")
     assert out.returncode == 0
-    for flag in ("--model", "--precision", "--slots", "--host", "--port", "--max-context", "--queue",
-                 "--prefill-chunk", "--request-timeout", "--shutdown-grace"):  # fmt: skip
+    for flag in ("--model", "--precision", "--calib", "--gptq", "--slots", "--host", "--port", "--max-context",
+                 "--queue", "--prefill-chunk", "--request-timeout", "--shutdown-grace"):  # fmt: skip
         assert flag in out.stdout
+    # The product's own name for it: python -m kwker.serve (the short package) is the same server.
+    short = subprocess.run([sys.executable, "-m", "kwker.serve", "--help"], capture_output=True, text=True,
+                           timeout=120, env=ENV)  # fmt: skip
+    assert short.returncode == 0 and short.stdout.startswith("usage: python -m kwker.serve")
+    assert short.stdout[short.stdout.index("options:"):] == out.stdout[out.stdout.index("options:"):]
 
 
 def test_bad_flags_and_a_missing_model_are_refused_clearly(tmp_path: object) -> None:

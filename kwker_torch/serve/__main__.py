@@ -13,8 +13,8 @@ import sys
 from .options import ServeOptions, add_flags, from_flags
 
 
-def parse(argv: list[str] | None = None) -> ServeOptions:
-    ap = argparse.ArgumentParser(prog="python -m kwker_torch.serve", description=__doc__.splitlines()[0])
+def parse(argv: list[str] | None = None, prog: str = "python -m kwker_torch.serve") -> ServeOptions:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_flags(ap)
     try:
         return from_flags(ap.parse_args(argv))
@@ -28,12 +28,12 @@ def parse(argv: list[str] | None = None) -> ServeOptions:
 FLUSH_MARGIN = 5
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m kwker_torch.serve") -> int:
     import uvicorn
 
     from .app import create_app
 
-    opts = parse(argv)
+    opts = parse(argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     app = create_app(opts)
 
