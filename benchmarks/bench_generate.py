@@ -20,19 +20,17 @@ import statistics
 import time
 
 import torch
-from common import machine, save, stream_triad_gbs, table
+from common import DEFAULT_TEXTS, machine, save, stream_triad_gbs, table, texts_dir
 
 import kwker_torch
 from kwker_torch import torch_ops
 from kwker_torch.models import generate_greedy, load_smollm2, random_model
 
-TEXT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "text")
-
 
 def prompt_ids(tok: object, n: int, text_path: str | None) -> torch.Tensor:
-    """n tokens from the middle of a public-domain novel (shared/data/text), or a fixed text without it."""
-    paths = [text_path] if text_path else sorted(glob.glob(os.path.join(TEXT_DIR, "*.txt")))
-    text = open(paths[0], encoding="utf-8").read()[20000:40000] if paths else "It was a bright cold day. " * 200
+    """n tokens from the middle of a public-domain novel (``--text FILE``, default the first of --texts)."""
+    paths = [text_path] if text_path else sorted(glob.glob(os.path.join(texts_dir(DEFAULT_TEXTS), "*.txt")))
+    text = open(paths[0], encoding="utf-8").read()[20000:40000]
     ids = tok(text, return_tensors="pt")["input_ids"][:, :n]
     assert ids.shape[1] == n, f"text too short for a {n}-token prompt"
     return ids

@@ -45,14 +45,14 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decoder import cpu_flags, say  # noqa: E402
-from common import machine, save, stream_triad_gbs, table  # noqa: E402
+from common import DEFAULT_TEXTS, add_texts_arg, machine, save, stream_triad_gbs, table, texts_dir  # noqa: E402
 
 from kwker_torch.serve.background import free_port  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 SECTIONS = ["throughput", "steps", "lookup", "ttft", "load"]
 PEER_FORMAT = {"preserve": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
-TEXTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "text"
+TEXTS = Path(DEFAULT_TEXTS)  # set from --texts in main()
 
 
 class Server:
@@ -369,7 +369,10 @@ def main() -> None:
                     help="llama.cpp's files of that model: PREFIX.{BF16,Q8_0,Q4_0}.gguf")
     ap.add_argument("--out", default="serve",
                     help="results/OUT.json (sections already there and not run are kept)")  # fmt: skip
+    add_texts_arg(ap)
     args = ap.parse_args()
+    global TEXTS
+    TEXTS = Path(texts_dir(args.texts))
     from kwker_torch.models import load_smollm2
 
     say(f"{machine()}\nCPU flags: {cpu_flags()}")

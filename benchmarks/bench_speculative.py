@@ -31,13 +31,13 @@ from typing import Any
 import torch
 from bench_decoder import ggufs, load, say, start
 from bench_quant import peer_ggufs
-from common import save, table
+from common import DEFAULT_TEXTS, add_texts_arg, save, table, texts_dir
 
 from kwker_torch import KwkDecoder
 from kwker_torch.models import load_smollm2
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
 
-TEXT_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "text")
+TEXT_DIR = DEFAULT_TEXTS  # set from --texts in main()
 PEER_OF = {"preserve": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
 CODE = '''def moving_average(values, window):
     result = []
@@ -246,7 +246,10 @@ def main() -> None:
     p.add_argument("--sections", nargs="+", default=["lookup", "draft", "hf", "cache"])
     p.add_argument("--out", default="speculative", help="results/OUT.json")
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp's plain rate")
+    add_texts_arg(p)
     a = p.parse_args()
+    global TEXT_DIR
+    TEXT_DIR = texts_dir(a.texts)
     triad = start("native")
     model, tok = load_smollm2(torch.bfloat16)
     decs = {pr: KwkDecoder.from_hf(model, precision=pr, max_batch=2, max_context=2048) for pr in a.precisions}

@@ -27,13 +27,15 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from common import DEFAULT_TEXTS, add_texts_arg, texts_dir  # noqa: E402
+
 from kwker_torch.models import chat_ids, generate_greedy, load_smollm2  # noqa: E402
 from kwker_torch.peer.build import cache_root  # noqa: E402
 from kwker_torch.peer.gguf_export import export_gguf  # noqa: E402
 from kwker_torch.peer.llama_cpp import LlamaCppWorker  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-TEXT_DIR = "/work/shared/data/text"
+TEXT_DIR = DEFAULT_TEXTS  # set from --texts in main()
 
 
 def text_chunk(tok: object, n: int = 64, offset: int = 1000) -> list[int]:
@@ -59,7 +61,10 @@ def main() -> int:
     ap.add_argument("--kind", nargs="+", default=["native"], help="llama.cpp build kinds to check")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    add_texts_arg(ap)
     args = ap.parse_args()
+    global TEXT_DIR
+    TEXT_DIR = texts_dir(args.texts)
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

@@ -95,3 +95,21 @@ def rust_example(name: str, *args: str) -> str:
     if proc.returncode:
         raise RuntimeError(f"{exe} exited with {proc.returncode}")
     return "".join(lines)
+
+
+# The Austen novels the benchmarks and published quality numbers read: not part of the project (a clone has no
+# ../shared), so each benchmark that reads them takes the folder as --texts DIR (default: where developers keep it).
+DEFAULT_TEXTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "text")
+
+
+def add_texts_arg(parser: object) -> None:
+    parser.add_argument("--texts", default=DEFAULT_TEXTS, metavar="DIR",  # type: ignore[attr-defined]
+                        help="folder of plain-text novels to read prompts from (default ../shared/data/text)")
+
+
+def texts_dir(path: str) -> str:
+    """``path`` if it holds *.txt files; else SystemExit naming --texts (benchmarks need real English text)."""
+    if not os.path.isdir(path) or not any(n.endswith(".txt") for n in os.listdir(path)):
+        raise SystemExit(f"no text folder at {os.path.normpath(path)}: this benchmark reads plain-text novels "
+                         "(the Austen texts of ../shared/data/text); pass a folder of *.txt files with --texts DIR")
+    return path
