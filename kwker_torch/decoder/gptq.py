@@ -11,9 +11,10 @@ drives the updates, in column blocks of 256 with the rest of the matrix updated 
 
 The grid: a format's scales (q4k/q6k: per 256-value super-block; q4, q8_0: per 32; q8: per 64) are fitted
 when GPTQ reaches the block's first column, to the block's values as the earlier columns' errors have left them
-and with the same importance as ``calib=`` alone (diag H / tokens), so GPTQ never stores a grid worse suited to
-its values than plain calibrated quantization would. ``act_order=True`` fits the grid once on the original
-matrix and then quantizes columns in decreasing order of diag H (the "static groups" variant).
+and with the same importance as ``calib=`` alone (diag H / tokens): the grid is fitted to the values GPTQ is
+about to round, as plain calibrated quantization fits it to the original ones. ``act_order=True`` fits the
+grid once on the original matrix and then quantizes columns in decreasing order of diag H (the "static groups"
+variant).
 """
 
 from __future__ import annotations
