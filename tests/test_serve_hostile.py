@@ -168,7 +168,9 @@ def test_fuzzed_requests_get_4xx_naming_their_field_and_never_a_5xx(server: tupl
         r = post(url, path, body, timeout=30)
         took = time.monotonic() - t
         assert r.status_code < 500, (path, body, r.status_code, r.text[:300])
-        assert took < 10, (path, body, took)
+        # A refusal comes at once; an accepted request may generate up to the whole context (CTX tokens), which
+        # on a loaded 2-core VM has taken just over 10 s: it must still end well inside the client's timeout.
+        assert took < (2 if r.status_code >= 400 else 25), (path, body, r.status_code, took)
         if r.status_code >= 400:
             seen["4xx"] += 1
             err = error_of(r)
