@@ -128,7 +128,7 @@ def from_hf(
                 "kwker: calib= only applies to quantized precisions ('int8', 'int4'); drop it for preserve"
             )
         modules = {k: (s.module, s.rows) for k, s in sources.items() if s.module is not None}
-        modules[("lm_head", 0, 0)] = (model.lm_head, None)  # a tied embedding is calibrated as its lm_head
+        modules[LM_HEAD] = (model.lm_head, None)  # a tied embedding is calibrated as its lm_head
         ids = plan.calib_ids(calib, tokenizer)
         # GPTQ's Hessians hold the importance (their diagonals): one pass over the text, not two.
         imp = {} if gptq else plan.importance(model, ids, modules)
@@ -179,6 +179,14 @@ def from_hf(
     return dec
 
 
+LM_HEAD = ("lm_head", 0, 0)
+
+
+def _input_key(src: families.Source, tied: bool) -> tuple[str, int, int]:
+    """Whose inputs a matrix is calibrated on: its own, but a tied embedding's are the lm_head's it also is."""
+    return LM_HEAD if src.name == "embed" and tied else src.key
+
+
 def _gptq(b: native.Builder, model: torch.nn.Module, ids: torch.Tensor, sources: dict, choose: Any, tied: bool,
           act_order: bool) -> set[tuple[str, int, int]]:  # fmt: skip
     """Stores every quantized matrix that has calibration inputs through GPTQ (``gptq.py``); returns their keys.
@@ -190,9 +198,8 @@ def _gptq(b: native.Builder, model: torch.nn.Module, ids: torch.Tensor, sources:
         name, layer, _ = key
         if not native.TENSORS[name]["matrix"] or name not in plan.KINDS or choose(name, layer) == "preserve":
             continue
-        hk, mod, rows = (key, src.module, src.rows)
-        if name == "embed" and tied:
-            hk, mod, rows = ("lm_head", 0, 0), model.lm_head, None
+        hk = _input_key(src, tied)
+        mod, rows = (model.lm_head, None) if hk == LM_HEAD else (src.module, src.rows)
         if mod is None:  # an untied embedding is a lookup: no inputs to compensate for
             continue
         fmt = choose(name, layer)
@@ -230,6 +237,6 @@ def _put(b: native.Builder, src: families.Source, choose: Any, info: dict, bits:
         b.set(name, layer, t, expert=expert)
         return
     plan.check_quantizable(name, layer, fmt, t.shape[1])
-    key = ("lm_head", 0, 0) if name == "embed" and tied else src.key
+    key = _input_key(src, tied)
     w = imp.get(key) if imp is not None else None
     b.set(name, layer, t, fmt, w, expert=expert)
