@@ -222,6 +222,15 @@ def test_empty_text_is_a_clear_error(
         quality.chunks(torch.zeros(0, dtype=torch.int64), 512)
 
 
+def test_gptq_without_calib_is_a_clear_error(
+    tiny: Any, text_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _use_model(monkeypatch, tiny, ByteTok())
+    rc, out, err = _run(["--text", str(text_file), "--precision", "int4", "--gptq"], capsys)
+    assert rc == 2 and out == ""
+    assert "--gptq fits each matrix to calibration text: pass --calib FILE" in err
+
+
 def test_json_line_has_the_fields(
     tiny: Any,
     text_file: Path,
