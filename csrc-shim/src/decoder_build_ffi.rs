@@ -151,6 +151,25 @@ unsafe fn builder<'a>(b: *mut c_void) -> Result<&'a mut Builder, String> {
     Ok(unsafe { &mut *(b as *mut Builder) })
 }
 
+/// The builder, tensor name and format name of a `set_*` call that names a stored format.
+///
+/// # Safety
+/// `b` a live builder handle or null; `name` and `format` NUL-terminated or null.
+unsafe fn named<'a>(
+    b: *mut c_void,
+    name: *const c_char,
+    format: *const c_char,
+) -> Result<(&'a mut Builder, &'a str, &'a str), String> {
+    // SAFETY: the caller's guarantees, forwarded.
+    unsafe {
+        Ok((
+            builder(b)?,
+            c_str(name, "the tensor name")?,
+            c_str(format, "the format")?,
+        ))
+    }
+}
+
 /// Copies tensor `name` of `layer` (and `expert`, for per-expert tensors) into a builder: `dtype` "f32" or "bf16", `rows * cols` elements at
 /// `data`; `store` "as_given" (matrices keep their dtype, vectors become f32), "q8" or "q4"
 /// (quantized; `importance`, when not null, holds `cols` f32 values: the mean square of each input
@@ -246,13 +265,7 @@ pub unsafe extern "C" fn kwker_decoder_set_coded(
 ) -> i32 {
     guarded(err, err_len, || {
         // SAFETY: forwarded caller guarantees (here and below).
-        let bd = unsafe { builder(b)? };
-        let (name, format) = unsafe {
-            (
-                c_str(name, "the tensor name")?,
-                c_str(format, "the format")?,
-            )
-        };
+        let (bd, name, format) = unsafe { named(b, name, format)? };
         let f = quant_format(format)?;
         let (rows, cols) = (size(rows, "rows")?, size(cols, "cols")?);
         let n = rows.checked_mul(cols).ok_or("the tensor size overflows")?;
@@ -373,13 +386,7 @@ pub unsafe extern "C" fn kwker_decoder_set_packed(
 ) -> i32 {
     guarded(err, err_len, || {
         // SAFETY: forwarded caller guarantees (here and below).
-        let bd = unsafe { builder(b)? };
-        let (name, format) = unsafe {
-            (
-                c_str(name, "the tensor name")?,
-                c_str(format, "the format")?,
-            )
-        };
+        let (bd, name, format) = unsafe { named(b, name, format)? };
         let f = MatFormat::from_name(format)
             .ok_or_else(|| format!("unknown matrix format {format:?}"))?;
         // SAFETY: data holds len bytes (caller's contract); null only when len is 0.

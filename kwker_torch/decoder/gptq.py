@@ -19,15 +19,12 @@ variant).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import native, plan
-
-log = logging.getLogger("kwker_torch")
 
 BLOCK_COLS = 256  # columns per lazy-batch block: a multiple of every fit unit below
 SUB_COLS = 32  # columns per inner block (rank-1 updates within it); every fit unit is a multiple of it

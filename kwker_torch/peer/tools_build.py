@@ -54,9 +54,6 @@ def ensure_llama_tools(version: str | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     scratch = root / f".llama-tools-{version}-building"
     log = root / f"llama-tools-{version}.build.log"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir()
-    log.write_text("")
     print(f"llama.cpp {version}: building {', '.join(TARGETS)} for this CPU (about 5 minutes; log {log}) ...",
           file=sys.stderr, flush=True)  # fmt: skip
     src = fetch_sdist(PACKAGE, version, scratch, "llama.cpp", log)
