@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -145,21 +146,26 @@ def test_tier_probe_does_not_switch_the_tier_in_use() -> None:
     never sees the tier change (the probe used to set each tier in turn, process-wide)."""
     current = kwker_torch.isa()
     stop = threading.Event()
+    probed = [0]
 
     def probe() -> int:
-        n = 0
         while not stop.is_set():
             kwker_torch.supported_isas()
-            n += 1
-        return n
+            probed[0] += 1
+        return probed[0]
 
     def watch() -> set[str]:
+        # Watch until the prober has really run alongside: under the GIL the watcher may otherwise finish
+        # its reads before the prober is first scheduled (CI saw 0 probes). Bounded so it cannot hang.
         seen = set()
-        for _ in range(20000):
+        reads = 0
+        deadline = time.monotonic() + 30.0
+        while (reads < 20000 or probed[0] < 200) and time.monotonic() < deadline:
             seen.add(kwker_torch.isa())
+            reads += 1
         stop.set()
         return seen
 
     probes, seen = run_threads([probe, watch])
-    assert probes > 0
+    assert probes >= 200, f"the prober ran {probes} times alongside the watcher"
     assert seen == {current}
