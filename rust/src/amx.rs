@@ -19,6 +19,7 @@
 use std::sync::OnceLock;
 
 pub(crate) mod bf16_gemm;
+pub(crate) mod bf16_pack;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod dpbf16;
 #[cfg(test)]
@@ -124,6 +125,8 @@ pub(crate) trait Tiles {
     unsafe fn dp_bf16(&mut self);
     /// Stores sum tile C[t] (t < 4).
     unsafe fn store_c(&mut self, t: usize, p: *mut u8, stride: usize);
+    /// Loads sum tile C[t] (t < 4), as `store_c` wrote it.
+    unsafe fn load_c(&mut self, t: usize, p: *const u8, stride: usize);
 }
 
 /// The hardware tiles. Construct only after `usable()` returned true.
@@ -231,6 +234,17 @@ impl Tiles for Hw {
                 1 => tilestore!("1", p, stride),
                 2 => tilestore!("2", p, stride),
                 _ => tilestore!("3", p, stride),
+            }
+        }
+    }
+    unsafe fn load_c(&mut self, t: usize, p: *const u8, stride: usize) {
+        // SAFETY: tiles configured; p addresses ROWS rows of ROW_BYTES (trait contract).
+        unsafe {
+            match t {
+                0 => tileload!("0", p, stride),
+                1 => tileload!("1", p, stride),
+                2 => tileload!("2", p, stride),
+                _ => tileload!("3", p, stride),
             }
         }
     }

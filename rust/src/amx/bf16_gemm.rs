@@ -26,18 +26,16 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+pub(crate) use super::bf16_pack::Weights;
+use super::bf16_pack::{pack_b, KS, NB};
 use super::{Tiles, ROWS, ROW_BYTES};
-use crate::panel::PANEL;
 use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
 use crate::scratch::with_scratch;
 
 /// From this many rows on, bf16 linears run on AMX tiles (below: the AVX-512 GEMV / GEMM).
 pub(crate) const MIN_M: usize = 32;
-/// Rows and columns of one block of four sum tiles.
+/// Rows of one block of four sum tiles (its columns: `NB`).
 const MB: usize = 2 * ROWS;
-const NB: usize = 2 * ROWS;
-/// k per tile step: 16 bf16 pairs per 64-byte row.
-const KS: usize = ROW_BYTES / 2;
 /// Below this many multiply-adds per task, splitting further costs more than it saves.
 const MIN_MACS_PER_TASK: usize = 1 << 20;
 
@@ -141,15 +139,6 @@ unsafe fn split_rows_avx512(
     unsafe { split_rows(x, k, m, rows, m_pad, kp, ld, out) }
 }
 
-/// The bf16 weights of a GEMM, `[n, k]`, in one of the layouts the crate stores them in.
-#[derive(Clone, Copy)]
-pub(crate) enum Weights<'a> {
-    /// Row-major (torch's `nn.Linear.weight`).
-    RowMajor(&'a [u16]),
-    /// `panel::PanelWeight::Bf16`'s data: panels of 32 rows, k-major, rows i and 16 + i side by side.
-    Panels(&'a [u16]),
-}
-
 /// One GEMM: y[m, n] = x[m, k] w^T (+ bias).
 pub(crate) struct Gemm<'a> {
     pub x: &'a [f32],
@@ -162,106 +151,44 @@ pub(crate) struct Gemm<'a> {
     pub y: SyncPtr<f32>,
 }
 
-/// Where weight (column c < 32 of the block, k index kk) goes in a packed block: `[kp / 32][2 tiles]
-/// [16 pairs][16 columns][2]`, the order `tdpbf16ps` reads its second operand in.
-#[inline(always)]
-fn packed_at(c: usize, kk: usize) -> usize {
-    let (tile, col) = (c / ROWS, c % ROWS);
-    let (step, pair, odd) = (kk / KS, (kk % KS) / 2, kk % 2);
-    (((step * 2 + tile) * ROWS + pair) * ROWS + col) * 2 + odd
-}
-
-/// `pack_b` of row-major weights with AVX-512 gathers: each (k step, tile, pair) is one gather of the 16
-/// columns' bf16 pairs (as u32), where the scalar loop wrote 32 values one at a time (it was a third of a
-/// 128-row GEMM's time on `vdpbf16ps` tiles). An odd k's last pair, missing its second value, is written
-/// alone; `dst` was zeroed where k or the columns end (`pack_b`).
-///
-/// # Safety
-/// The CPU has AVX-512F; rows j0 .. j0 + cols of the [n, k] matrix w exist; `dst` holds kp * NB values.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
-unsafe fn pack_rows_avx512(w: &[u16], k: usize, j0: usize, cols: usize, dst: &mut [u16]) {
-    use std::arch::x86_64::*;
-    let base = w.as_ptr().add(j0 * k);
-    for tile in 0..2 {
-        let first = tile * ROWS;
-        if first >= cols {
-            break;
-        }
-        let live = (cols - first).min(ROWS);
-        let mask: __mmask16 = if live == ROWS { !0 } else { (1u16 << live) - 1 };
-        // Column c's row starts at (first + c) * k values from base.
-        let rows = _mm512_mullo_epi32(
-            _mm512_add_epi32(
-                _mm512_set1_epi32(first as i32),
-                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            ),
-            _mm512_set1_epi32(k as i32),
-        );
-        for kk in (0..k).step_by(2) {
-            let (step, pair) = (kk / KS, (kk % KS) / 2);
-            let out = dst
-                .as_mut_ptr()
-                .add(((step * 2 + tile) * ROWS + pair) * ROWS * 2);
-            if kk + 1 < k {
-                let idx = _mm512_add_epi32(rows, _mm512_set1_epi32(kk as i32));
-                // Scale 2: the indices count u16 values; each lane reads the pair (kk, kk + 1).
-                let v = _mm512_mask_i32gather_epi32::<2>(
-                    _mm512_setzero_si512(),
-                    mask,
-                    idx,
-                    base.cast(),
-                );
-                _mm512_storeu_si512(out.cast(), v);
-            } else {
-                for c in 0..live {
-                    *out.add(2 * c) = *base.add((first + c) * k + kk);
-                }
-            }
-        }
-    }
-}
-
-/// Packs weight columns j0 .. j0 + 32 for every k step into `dst` (see `packed_at`), zeros past n
-/// and k.
-fn pack_b(w: Weights<'_>, n: usize, k: usize, kp: usize, j0: usize, dst: &mut [u16], avx512: bool) {
-    debug_assert_eq!(dst.len(), kp * NB);
-    if j0 + NB > n || !k.is_multiple_of(KS) {
-        dst.fill(0);
-    }
-    let cols = NB.min(n - j0);
-    match w {
-        #[cfg(target_arch = "x86_64")]
-        Weights::RowMajor(w) if avx512 => {
-            // SAFETY: the caller's `avx512` promise; rows j0 .. j0 + cols of w exist.
-            unsafe { pack_rows_avx512(w, k, j0, cols, dst) }
-        }
-        Weights::RowMajor(w) => {
-            for c in 0..cols {
-                for (kk, &v) in w[(j0 + c) * k..(j0 + c + 1) * k].iter().enumerate() {
-                    dst[packed_at(c, kk)] = v;
-                }
-            }
-        }
-        Weights::Panels(w) => {
-            // NB == PANEL and j0 is a multiple of 32: one panel, k rows of 32 values, row i of the
-            // panel at slot 2i (i < 16) or 2(i - 16) + 1.
-            let panel = &w[(j0 / PANEL) * k * PANEL..(j0 / PANEL + 1) * k * PANEL];
-            for (kk, line) in panel.chunks_exact(PANEL).enumerate() {
-                for (s, &v) in line.iter().enumerate() {
-                    let c = if s % 2 == 0 { s / 2 } else { ROWS + s / 2 };
-                    dst[packed_at(c, kk)] = v;
-                }
-            }
-        }
-    }
-}
-
 /// 32 x 32 float32 sums, as the four tiles store them.
 #[repr(C, align(64))]
 struct Stage([f32; MB * NB]);
 
+/// How a task walks its rows, columns and k (see the module header): `nc` columns of packed weights
+/// at a time (multiple of 32), `mc` rows (multiple of 32), and k whole up to `kc`, else in near-equal
+/// chunks of at most `kc` (multiples of 32) whose sums go through memory between chunks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Blocking {
+    pub nc: usize,
+    pub mc: usize,
+    pub kc: usize,
+}
+
+impl Blocking {
+    /// Measured on a Sapphire Rapids class Xeon (BENCHMARKS.md, "AMX bf16 prompts"): the packed weights of
+    /// 256 columns by up to 1024 k (512 KB) and the sums of 512 x 256 stay in L2, a 32-row block of the
+    /// activations' pieces is reused by 8 column blocks.
+    pub(crate) const DEFAULT: Blocking = Blocking {
+        nc: 256,
+        mc: 512,
+        kc: 1024,
+    };
+
+    /// The k chunk for a padded k of `kp`: kp itself when it fits, else kp cut into equal parts.
+    fn k_chunk(&self, kp: usize) -> usize {
+        kp.div_ceil(kp.div_ceil(self.kc)).next_multiple_of(KS)
+    }
+}
+
 /// One task: y[rows x cols] from the split activations and w.
+///
+/// Order (the same sums in the same order whatever the blocking: a sum tile stored as float32 and
+/// loaded back is unchanged): for each `nc` columns and `mc` rows, for each k chunk, the chunk's
+/// weights are packed once; then each 32-row block of activations runs over every 32-column block,
+/// so its pieces are read from memory once per chunk and reused from cache, and the packed weights
+/// (L2) serve every row block. A block's sums start at zero on the first chunk, are reloaded from
+/// `acc` on later ones, and go to y (plus the bias) after the last.
 ///
 /// # Safety
 /// `t` can run (hardware tiles only where `amx::usable()`); rows start on a multiple of 32 and
@@ -274,51 +201,86 @@ unsafe fn task<T: Tiles>(
     rows: Range<usize>,
     cols: Range<usize>,
     avx512: bool,
+    bl: Blocking,
 ) {
     let (k, n, kp) = (p.k, p.n, a.kp);
     let a_stride = a.ld * 2;
+    let kc = bl.k_chunk(kp);
+    // Equal chunks (a last chunk of one 32-column block would reuse each activation block once).
+    let even = |len: usize, most: usize, unit: usize| {
+        len.div_ceil(len.div_ceil(most)).next_multiple_of(unit)
+    };
+    let (nc, mc) = (even(cols.len(), bl.nc, NB), even(rows.len(), bl.mc, MB));
+    let acc_len = if kc < kp { mc * nc } else { 0 };
     let mut stage = Stage([0.0; MB * NB]);
-    with_scratch(kp * NB / 2, |buf| {
-        // SAFETY: the f32 scratch holds kp * NB / 2 floats = kp * NB u16s, 64-byte aligned.
+    with_scratch(nc * kc / 2 + acc_len, |buf| {
+        let (packed, acc) = buf.split_at_mut(nc * kc / 2);
+        // SAFETY: the f32 scratch's first nc * kc / 2 floats hold nc * kc u16s, 64-byte aligned
+        // (nc * kc / 2 is a multiple of 16, so `acc` is 64-byte aligned too).
         let packed =
-            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u16>(), kp * NB) };
+            unsafe { std::slice::from_raw_parts_mut(packed.as_mut_ptr().cast::<u16>(), nc * kc) };
+        let acc = acc.as_mut_ptr();
         // SAFETY (whole block): tiles are configured before use and released at the end; every
-        // tile pointer below addresses 16 rows of 64 bytes inside `packed`, the split (rows
-        // rb .. rb + 32 <= m_pad, k steps < kp / 32) or `stage`; y is written only at
-        // rows x cols of this task.
+        // tile pointer below addresses 16 rows of 64 bytes inside `packed` (block bi of the chunk,
+        // steps < kcl / 32), the split (rows rb .. rb + 32 <= m_pad, k < kp), `acc` (block
+        // (rb - ic) / 32, bi of mc / 32 x nc / 32 blocks of 32 x 32) or `stage`; y is written only
+        // at rows x cols of this task.
         unsafe {
             t.configure();
-            for j0 in cols.clone().step_by(NB) {
-                pack_b(p.w, n, k, kp, j0, packed, avx512);
-                for rb in rows.clone().step_by(MB) {
-                    t.zero_c();
-                    for step in 0..kp / KS {
-                        let b = packed.as_ptr().add(step * 2 * ROWS * KS);
-                        t.load_b(0, b.cast(), ROW_BYTES);
-                        t.load_b(1, b.add(ROWS * KS).cast(), ROW_BYTES);
-                        for piece in 0..a.pieces {
-                            let at = a.data.add((piece * a.m_pad + rb) * a.ld + step * KS);
-                            t.load_a(0, at.cast(), a_stride);
-                            t.load_a(1, at.add(ROWS * a.ld).cast(), a_stride);
-                            t.dp_bf16();
+            for jc in cols.clone().step_by(nc) {
+                let jce = (jc + nc).min(cols.end);
+                for ic in rows.clone().step_by(mc) {
+                    let ice = (ic + mc).min(rows.end);
+                    for k0 in (0..kp).step_by(kc) {
+                        let kcl = kc.min(kp - k0);
+                        let (first, last) = (k0 == 0, k0 + kcl == kp);
+                        for (bi, j0) in (jc..jce).step_by(NB).enumerate() {
+                            let dst = &mut packed[bi * kcl * NB..(bi + 1) * kcl * NB];
+                            pack_b(p.w, n, k, j0, k0, kcl, dst, avx512);
                         }
-                    }
-                    let s = stage.0.as_mut_ptr();
-                    for (tile, (i, j)) in [(0, 0), (0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
-                        t.store_c(tile, s.add(i * ROWS * NB + j * ROWS).cast(), NB * 4);
-                    }
-                    let (re, ce) = ((rb + MB).min(rows.end), (j0 + NB).min(cols.end));
-                    for r in rb..re {
-                        let src = &stage.0[(r - rb) * NB..(r - rb) * NB + (ce - j0)];
-                        let dst =
-                            std::slice::from_raw_parts_mut(p.y.get().add(r * n + j0), ce - j0);
-                        match p.bias {
-                            Some(bias) => {
-                                for ((d, s), b) in dst.iter_mut().zip(src).zip(&bias[j0..ce]) {
-                                    *d = s + b;
+                        for rb in (ic..ice).step_by(MB) {
+                            for (bi, j0) in (jc..jce).step_by(NB).enumerate() {
+                                let sums = acc.add((((rb - ic) / MB) * (nc / NB) + bi) * MB * NB);
+                                let tiles = [(0, 0), (0, 1), (1, 0), (1, 1)];
+                                if first {
+                                    t.zero_c();
+                                } else {
+                                    for (tile, (i, j)) in tiles.into_iter().enumerate() {
+                                        let at = sums.add(i * ROWS * NB + j * ROWS);
+                                        t.load_c(tile, at.cast(), NB * 4);
+                                    }
+                                }
+                                let b0 = packed.as_ptr().add(bi * kcl * NB);
+                                for step in 0..kcl / KS {
+                                    let b = b0.add(step * 2 * ROWS * KS);
+                                    t.load_b(0, b.cast(), ROW_BYTES);
+                                    t.load_b(1, b.add(ROWS * KS).cast(), ROW_BYTES);
+                                    for piece in 0..a.pieces {
+                                        let at = a
+                                            .data
+                                            .add((piece * a.m_pad + rb) * a.ld + k0 + step * KS);
+                                        t.load_a(0, at.cast(), a_stride);
+                                        t.load_a(1, at.add(ROWS * a.ld).cast(), a_stride);
+                                        t.dp_bf16();
+                                    }
+                                }
+                                let out = if last { stage.0.as_mut_ptr() } else { sums };
+                                for (tile, (i, j)) in tiles.into_iter().enumerate() {
+                                    t.store_c(
+                                        tile,
+                                        out.add(i * ROWS * NB + j * ROWS).cast(),
+                                        NB * 4,
+                                    );
+                                }
+                                if last {
+                                    finish(
+                                        p,
+                                        &stage,
+                                        rb..(rb + MB).min(rows.end),
+                                        j0..(j0 + NB).min(cols.end),
+                                    );
                                 }
                             }
-                            None => dst.copy_from_slice(src),
                         }
                     }
                 }
@@ -326,6 +288,27 @@ unsafe fn task<T: Tiles>(
             t.release();
         }
     });
+}
+
+/// y[rows, cols] = the staged sums (+ bias): rows and cols lie inside one 32 x 32 block.
+///
+/// # Safety
+/// y holds m x n floats that only this task writes at rows x cols.
+unsafe fn finish(p: &Gemm<'_>, stage: &Stage, rows: Range<usize>, cols: Range<usize>) {
+    let (n, rb, j0) = (p.n, rows.start, cols.start);
+    for r in rows {
+        let src = &stage.0[(r - rb) * NB..(r - rb) * NB + cols.len()];
+        // SAFETY: the caller's contract.
+        let dst = unsafe { std::slice::from_raw_parts_mut(p.y.get().add(r * n + j0), cols.len()) };
+        match p.bias {
+            Some(bias) => {
+                for ((d, s), b) in dst.iter_mut().zip(src).zip(&bias[cols.clone()]) {
+                    *d = s + b;
+                }
+            }
+            None => dst.copy_from_slice(src),
+        }
+    }
 }
 
 /// y = x w^T (+ bias) on AMX tiles, every row of y. `make` gives each task its tiles (`amx::Hw`
@@ -340,6 +323,21 @@ pub(crate) unsafe fn gemm<T: Tiles>(
     p: &Gemm<'_>,
     make: &(dyn Fn() -> T + Sync),
     avx512: bool,
+) {
+    // SAFETY: forwarded contract.
+    unsafe { gemm_blocked(par, p, make, avx512, Blocking::DEFAULT) }
+}
+
+/// `gemm` with a given blocking (the same bits whatever it is: tests use small blocks).
+///
+/// # Safety
+/// As `gemm`; the blocking's sizes are positive multiples of 32.
+pub(crate) unsafe fn gemm_blocked<T: Tiles>(
+    par: &dyn Parallel,
+    p: &Gemm<'_>,
+    make: &(dyn Fn() -> T + Sync),
+    avx512: bool,
+    bl: Blocking,
 ) {
     let (m, k, n) = (p.m, p.k, p.n);
     let (m_pad, kp) = (m.next_multiple_of(MB), k.next_multiple_of(KS));
@@ -407,7 +405,7 @@ pub(crate) unsafe fn gemm<T: Tiles>(
             let mut t = make();
             // SAFETY: chunk_ranges aligns starts to 32 and keeps within m / n; tiles are
             // disjoint; the split is complete (run_tasks above joined); `make`'s contract.
-            unsafe { task(&mut t, p, a.get(), rows, cols, avx512) }
+            unsafe { task(&mut t, p, a.get(), rows, cols, avx512, bl) }
         });
     });
 }
@@ -540,6 +538,64 @@ mod tests {
         }
     }
 
+    /// Any blocking gives the same bits: k in chunks whose sums go through memory, columns and rows in
+    /// chunks (equal or not), on row-major weights and panels, one and several threads.
+    #[test]
+    fn every_blocking_gives_the_same_bits() {
+        let mut seed = 13u64;
+        let (m, k, n) = (70, 200, 100);
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        let w: Vec<u16> = (0..n * k).map(|_| f32_to_bf16(lcg(&mut seed))).collect();
+        let bias: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+        let whole = Blocking {
+            nc: 1 << 20,
+            mc: 1 << 20,
+            kc: 1 << 20,
+        };
+        let go = |bl: Blocking, par: &dyn Parallel| {
+            let mut y = vec![f32::NAN; m * n];
+            let p = Gemm {
+                x: &x,
+                m,
+                k,
+                w: Weights::RowMajor(&w),
+                n,
+                bias: Some(&bias),
+                y: SyncPtr(y.as_mut_ptr()),
+            };
+            // SAFETY: emulated tiles run anywhere; no AVX-512; lengths match.
+            unsafe { gemm_blocked(par, &p, &Emu::new, false, bl) };
+            y
+        };
+        let want = go(whole, &Serial);
+        for bl in [
+            Blocking::DEFAULT,
+            Blocking {
+                nc: 32,
+                mc: 32,
+                kc: 32,
+            },
+            Blocking {
+                nc: 64,
+                mc: 64,
+                kc: 96,
+            },
+            Blocking {
+                nc: 96,
+                mc: 32,
+                kc: 64,
+            },
+        ] {
+            for par in [&Serial as &dyn Parallel, &ScopedThreads(3)] {
+                let y = go(bl, par);
+                assert!(
+                    y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{bl:?} differs"
+                );
+            }
+        }
+    }
+
     /// bf16 activations take one pass and give the float32 sums of the bf16 products; float32 ones
     /// need all three pieces: dropping lo shows (the test of the split itself).
     #[test]
@@ -562,29 +618,6 @@ mod tests {
         assert!(bf16_to_f32(hi[2]).is_nan());
         assert_eq!(hi[3], 0x8000);
         assert_eq!((&mid[..3], &lo[..3]), (&[0u16; 3][..], &[0u16; 3][..]));
-    }
-
-    /// The gathered packing of row-major weights equals the scalar one (odd k, a last block of few columns).
-    #[test]
-    #[cfg(target_arch = "x86_64")]
-    fn gathered_packing_equals_the_scalar_packing() {
-        if !crate::isa::Isa::Avx512.cpu_has() {
-            return;
-        }
-        let mut seed = 9u64;
-        for &(n, k, j0) in &[
-            (40usize, 65usize, 32usize),
-            (64, 96, 0),
-            (33, 7, 32),
-            (32, 2048, 0),
-        ] {
-            let w: Vec<u16> = (0..n * k).map(|_| f32_to_bf16(lcg(&mut seed))).collect();
-            let kp = k.next_multiple_of(KS);
-            let (mut a, mut b) = (vec![7u16; kp * NB], vec![9u16; kp * NB]);
-            pack_b(Weights::RowMajor(&w), n, k, kp, j0, &mut a, false);
-            pack_b(Weights::RowMajor(&w), n, k, kp, j0, &mut b, true);
-            assert_eq!(a, b, "n{n} k{k} j0 {j0}");
-        }
     }
 
     /// The AVX512-BF16 tiles (`vdpbf16ps`) over awkward shapes: the emulation of the instruction (any

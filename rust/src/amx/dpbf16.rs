@@ -183,6 +183,15 @@ impl<D: Dot> Tiles for Dpbf16<D> {
             D::dp_rows(&mut self.c[t], self.a[i], self.b[j]);
         }
     }
+    unsafe fn load_c(&mut self, t: usize, p: *const u8, stride: usize) {
+        for (r, row) in self.c[t].iter_mut().enumerate() {
+            std::ptr::copy_nonoverlapping(
+                p.add(r * stride),
+                row.as_mut_ptr().cast::<u8>(),
+                ROW_BYTES,
+            );
+        }
+    }
     unsafe fn store_c(&mut self, t: usize, p: *mut u8, stride: usize) {
         for (r, row) in self.c[t].iter().enumerate() {
             std::ptr::copy_nonoverlapping(row.as_ptr().cast::<u8>(), p.add(r * stride), ROW_BYTES);

@@ -90,6 +90,9 @@ impl Tiles for Emu {
             }
         }
     }
+    unsafe fn load_c(&mut self, t: usize, p: *const u8, stride: usize) {
+        self.load(t, p, stride);
+    }
     unsafe fn store_c(&mut self, t: usize, p: *mut u8, stride: usize) {
         assert!(
             self.configured,
