@@ -10,11 +10,15 @@
 //!
 //! Blocking: the activations are split once per call (in parallel, by rows) into row-major bf16
 //! pieces padded to 32 rows and k to a multiple of 32 (rows one 64-byte line further apart when
-//! they would be a multiple of 4 KB apart: a tile load's 16 rows would share cache sets). Each task owns a block of columns (or of
-//! rows, when columns are few); for every 32 columns it packs the weights into the tiles' pair
-//! order once (two 16-column tiles per 32-long k step), then runs every 32-row block of the
-//! activations over them: 4 sum tiles, each k step loads the 2 weight tiles once and 2 activation
-//! tiles per piece. Sums stay in the tiles over all of k; the bias is added once at the end.
+//! they would be a multiple of 4 KB apart: a tile load's 16 rows would share cache sets). Each task
+//! owns a block of columns (or of rows, when columns are few) and walks it as `Blocking` says: for
+//! each 256 columns and 512 rows, k whole up to 1024 (else in equal chunks), the chunk's weights are
+//! packed once into the tiles' pair order (`bf16_pack`; L2), then every 32-row block of the pieces
+//! runs over all those columns (4 sum tiles; each k step loads the 2 weight tiles once and 2
+//! activation tiles per piece), so the activations come from memory once per 256 columns, not once
+//! per 32 (which had left the 3-piece GEMM at the rate of the activations' stream). Between k chunks
+//! the sums go through memory (stored and reloaded as float32: the same bits); the bias is added once
+//! at the end.
 //!
 //! Numerical contract: float32 sums of exact products (the hardware's order); like every AMX and
 //! AVX512-BF16 instruction, `tdpbf16ps` reads denormal inputs as zero and flushes denormal results,
