@@ -8,12 +8,12 @@ Precisions (``KwkDecoder.from_hf(model, precision=...)``, ``decode.install(model
   scale per 32 values (8.5 bits per weight, ggml's Q8_0 layout). Chosen over q8 (one f32 scale per 64 values,
   the same bits) by measured quality: on the real Gemma 3 270M +0.087 % perplexity, KL 5.6e-4 against q8's
   +0.246 %, 1.4e-3; on the real SmolLM2-135M +0.250 %, 1.1e-3 against +0.261 %, 1.7e-3 (llama.cpp's Q8_0 of
-  the same weights: +0.080 % / 2.6e-3 and +0.565 % / 3.8e-3; BENCHMARKS.md, issue 31). q8 stays available
+  the same weights: +0.080 % / 2.6e-3 and +0.565 % / 3.8e-3; benchmarks/HISTORY.md, issue 31). q8 stays available
   through ``formats=`` (its kernels are up to 5 % faster in cache on AVX-512, 14 % on AVX2 prompts).
 - ``"int4"``: layer matrices as q4k (4-bit codes on an asymmetric grid per 32 values whose 6-bit scales and
   mins refine an f16 pair per 256: 4.5 bits per weight); the embedding/lm_head (and OPT's projections in and
   out) and the matrices in ``SENSITIVE`` as q6k (6-bit codes, an i8 scale per 32 refining an f16 one per 256:
-  6.3 bits), chosen by measured quality on the real SmolLM2-135M (BENCHMARKS.md, issue 18). A family may name
+  6.3 bits), chosen by measured quality on the real SmolLM2-135M (benchmarks/HISTORY.md, issue 18). A family may name
   other sensitive matrices (``Family.sensitive``) and says how its plan was chosen (``Family.plan_note``,
   reported in ``dec.info["plan"]``).
 - Other formats by name through ``formats=``: ``q4`` (the previous int4 body: f16 scale and min per 32
@@ -69,7 +69,7 @@ SENSITIVE: tuple[tuple[str, str], ...] = (("down", "ends"), ("qkv", "ends"))
 # measured on real weights of that size (none is available offline); "all" rules still apply.
 LARGE_WEIGHTS = 1_000_000_000
 # int4's formats: the layer matrices, the sensitive ones, the embedding/lm_head (measured on the real
-# SmolLM2-135M with the quality tool; BENCHMARKS.md, issue 18).
+# SmolLM2-135M with the quality tool; benchmarks/HISTORY.md, issue 18).
 INT4_BODY, INT4_SENSITIVE, INT4_EMBEDDING = "q4k", "q6k", "q6k"
 # int8's format for every matrix (measured against q8 on both real models; see the module's header).
 INT8_FORMAT = "q8_0"

@@ -61,7 +61,7 @@ class Gemma3(Gemma2):
     name = "Gemma 3"
     model_types = ("gemma3_text",)
     # int4: q/k/v and gate/up at 6 bits in every layer, chosen on the real Gemma 3 270M (quality tool, 20 chunks
-    # of Austen; BENCHMARKS.md, issue 31 part 2). Its source file is Q4_K_M, whose q/k/v and gate/up are Q5_0:
+    # of Austen; benchmarks/HISTORY.md, issue 31 part 2). Its source file is Q4_K_M, whose q/k/v and gate/up are Q5_0:
     # re-rounding those to 4 bits cost most of the +13.3 % (qkv alone at 6 bits: +3.65 % calibrated, up alone
     # +3.26 %, down or o alone under +0.5 pp).
     sensitive = (("qkv", "all"), ("up", "all"), ("down", "ends"))

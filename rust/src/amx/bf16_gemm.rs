@@ -170,7 +170,7 @@ pub(crate) struct Blocking {
 }
 
 impl Blocking {
-    /// Measured on a Sapphire Rapids class Xeon (BENCHMARKS.md, "AMX bf16 prompts"): the packed weights of
+    /// Measured on a Sapphire Rapids class Xeon (benchmarks/HISTORY.md, "AMX bf16 prompts"): the packed weights of
     /// 256 columns by up to 1024 k (512 KB) and the sums of 512 x 256 stay in L2, a 32-row block of the
     /// activations' pieces is reused by 8 column blocks.
     pub(crate) const DEFAULT: Blocking = Blocking {

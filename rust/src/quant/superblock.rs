@@ -21,7 +21,7 @@
 //! Why not one activation scale per 256 values with integer sums across the super-block (llama.cpp's
 //! Q8_K; two fewer float operations per sub-block and row; commit 938eb4b): measured with the quality tool (20 chunks of
 //! real text), int4 cost +3.07 % perplexity on the real SmolLM2-135M (+1.99 % per 32) and +14.25 % on the
-//! real Gemma 3 270M (+13.26 %), past issue 30's +0.1 percentage point bar (BENCHMARKS.md).
+//! real Gemma 3 270M (+13.26 %), past issue 30's +0.1 percentage point bar (benchmarks/HISTORY.md).
 //!
 //! The driver walks a task's rows in L2-sized blocks and, for each, its panels in groups of
 //! `Kernels::panels` (1 below `Kernels::min_rows` rows). From `min_rows` rows it goes super-block by

@@ -7,7 +7,7 @@
 //! Contract: `superblock.rs`'s, bit for bit (the sums are exact integers; the epilogue is the scalar
 //! tier's operations in its order).
 //!
-//! Timed on a Sapphire Rapids-class Xeon VM (2026-12-05, BENCHMARKS.md): even with the AVX-512 VNNI tiles
+//! Timed on a Sapphire Rapids-class Xeon VM (2026-12-05, benchmarks/HISTORY.md): even with the AVX-512 VNNI tiles
 //! from 32 rows, whole prompts included. With one activation scale per 32 values each product spans one
 //! sub-block and the float epilogue (the same work per output as the VNNI tiles') bounds both.
 
