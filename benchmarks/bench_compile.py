@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from common import machine, save, stream_triad_gbs, table  # noqa: E402
 
 from kwker_torch import compile_backend  # noqa: E402
-from kwker_torch.models import generate_greedy, load_smollm2, random_model  # noqa: E402
+from kwker_torch.testing import generate_greedy, load_smollm2, random_model  # noqa: E402
 
 
 class DecodeProbe:

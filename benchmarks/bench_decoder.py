@@ -37,11 +37,11 @@ from common import machine, save, stream_triad_gbs, table
 
 import kwker_torch
 from kwker_torch import KwkDecoder, decode
-from kwker_torch.models import chat_ids, generate_greedy, load_smollm2, random_model
 from kwker_torch.peer import build
 from kwker_torch.peer.build import cache_root
 from kwker_torch.peer.gguf_export import export_gguf
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
+from kwker_torch.testing import chat_ids, generate_greedy, load_smollm2, random_model
 
 MODELS = ["SmolLM2-135M", "SmolLM2-360M", "Qwen2.5-0.5B", "SmolLM2-1.7B"]
 SECTIONS = ["pptg", "batch", "hf", "contention"]

@@ -33,11 +33,11 @@ from common import save, stream_triad_gbs, table
 
 from kwker_torch import KwkDecoder
 from kwker_torch.decoder import families
-from kwker_torch.models import load_smollm2, random_model
 from kwker_torch.peer.build import cache_root
 from kwker_torch.peer.convert import convert_hf, save_for_converter
 from kwker_torch.peer.gguf_export import quantize
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
+from kwker_torch.testing import load_smollm2, random_model
 
 MODELS = ["Qwen3-0.6B", "Gemma-3-1B", "Phi-4-mini"]
 HEADERS = ["model", "contender", "bits/weight", "MB/token", "pp512 tok/s", "tg128 tok/s", "GB/s", "GB/s / triad",

@@ -24,7 +24,7 @@ from common import DEFAULT_TEXTS, machine, save, stream_triad_gbs, table, texts_
 
 import kwker_torch
 from kwker_torch import torch_ops
-from kwker_torch.models import generate_greedy, load_smollm2, random_model
+from kwker_torch.testing import generate_greedy, load_smollm2, random_model
 
 
 def prompt_ids(tok: object, n: int, text_path: str | None) -> torch.Tensor:

@@ -33,7 +33,7 @@ from bench_decoder import cpu_flags  # noqa: E402
 from common import machine, save, stream_triad_gbs, table  # noqa: E402
 
 from kwker_torch import decode  # noqa: E402
-from kwker_torch.models import random_model  # noqa: E402
+from kwker_torch.testing import random_model  # noqa: E402
 
 MODELS = ["BLOOM-560m", "CodeGen-350M-mono", "GPT-J-6B"]
 PROMPT, NEW = 16, 64

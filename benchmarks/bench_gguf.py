@@ -28,8 +28,8 @@ from bench_quant import gguf_bits, interleaved_pptg
 from common import save, table
 
 from kwker_torch import KwkDecoder
-from kwker_torch.models import SMOLLM2_GGUF, load_local, smollm2_dir
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
+from kwker_torch.testing import SMOLLM2_GGUF, load_local, smollm2_dir
 
 HEADERS = ["file", "contender", "bits/weight", "MB/token", "load s", "pp512 tok/s", "tg128 tok/s", "pp vs llama.cpp",
            "tg vs llama.cpp", "floor / step"]  # fmt: skip

@@ -34,11 +34,11 @@ from bench_decoder import cpu_flags, kwk_batched, kwk_pp, kwk_tg, say, start
 from common import save, stream_triad_gbs, table
 
 from kwker_torch import KwkDecoder
-from kwker_torch.models import load_smollm2, random_model
 from kwker_torch.peer.build import cache_root
 from kwker_torch.peer.convert import convert_hf, save_for_converter
 from kwker_torch.peer.gguf_export import quantize
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
+from kwker_torch.testing import load_smollm2, random_model
 
 MODELS = ["Granite-3.1-1B-A400M", "Qwen3-30B-A3B"]
 SEQS, PROMPT, GEN = 8, 64, 64

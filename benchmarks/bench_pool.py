@@ -19,7 +19,7 @@ import torch
 from common import machine, table
 
 from kwker_torch import KwkDecoder
-from kwker_torch.models import load_smollm2
+from kwker_torch.testing import load_smollm2
 
 
 def busy() -> subprocess.Popen:

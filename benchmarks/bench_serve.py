@@ -324,7 +324,7 @@ def bench_steps(precisions: list[str], rounds: int, report: dict) -> None:
     import torch
 
     from kwker_torch.decoder import KwkDecoder
-    from kwker_torch.models import load_smollm2
+    from kwker_torch.testing import load_smollm2
 
     model = load_smollm2(torch.bfloat16)[0]
     rows = []
@@ -373,7 +373,7 @@ def main() -> None:
     args = ap.parse_args()
     global TEXTS
     TEXTS = Path(texts_dir(args.texts))
-    from kwker_torch.models import load_smollm2
+    from kwker_torch.testing import load_smollm2
 
     say(f"{machine()}\nCPU flags: {cpu_flags()}")
     triad = stream_triad_gbs()

@@ -34,8 +34,8 @@ from bench_quant import peer_ggufs
 from common import DEFAULT_TEXTS, add_texts_arg, save, table, texts_dir
 
 from kwker_torch import KwkDecoder
-from kwker_torch.models import load_smollm2
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
+from kwker_torch.testing import load_smollm2
 
 TEXT_DIR = DEFAULT_TEXTS  # set from --texts in main()
 PEER_OF = {"preserve": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
@@ -77,7 +77,7 @@ def prompts() -> dict[str, tuple[str, bool]]:
 
 
 def ids_of(tok: Any, text: str | list[dict[str, str]]) -> torch.Tensor:
-    from kwker_torch.models import chat_ids
+    from kwker_torch.testing import chat_ids
 
     return chat_ids(tok, text)[0]
 
@@ -130,7 +130,7 @@ def hf_section(tok: Any, rounds: int, rows: list) -> None:
     """HF generate() under install: plain, HF's own prompt lookup, the adaptive one."""
     from kwker_torch import decode
     from kwker_torch.decoder import hf_lookup
-    from kwker_torch.models import generate_greedy
+    from kwker_torch.testing import generate_greedy
 
     model = load_smollm2(torch.bfloat16)[0]
     decode.install(model, max_batch=2, max_context=2048, prompt_cache=False)

@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from common import DEFAULT_TEXTS, add_texts_arg, texts_dir  # noqa: E402
 
-from kwker_torch.models import chat_ids, generate_greedy, load_smollm2  # noqa: E402
 from kwker_torch.peer.build import cache_root  # noqa: E402
 from kwker_torch.peer.gguf_export import export_gguf  # noqa: E402
 from kwker_torch.peer.llama_cpp import LlamaCppWorker  # noqa: E402
+from kwker_torch.testing import chat_ids, generate_greedy, load_smollm2  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 TEXT_DIR = DEFAULT_TEXTS  # set from --texts in main()

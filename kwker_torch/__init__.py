@@ -12,9 +12,9 @@ Use ``kwker_torch.torch_ops.install()`` to put an unchanged Hugging Face model o
 
 from __future__ import annotations
 
-from . import _native, autograd, fake  # noqa: F401  (registers the ops, their fake kernels and autograd rules)
-from ._native import isa, num_threads, set_isa, set_num_threads, supported_isas
+from . import ops  # noqa: F401  (registers the ops, their fake kernels and autograd rules)
 from .decoder import KwkDecoder
+from .ops.native import isa, num_threads, set_isa, set_num_threads, supported_isas
 
 __all__ = ["KwkDecoder", "isa", "num_threads", "set_isa", "set_num_threads", "supported_isas"]
 __version__ = "0.1.0"

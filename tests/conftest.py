@@ -23,14 +23,14 @@ def tier(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def smollm2() -> tuple[torch.nn.Module, object]:
-    from kwker_torch.models import load_smollm2
+    from kwker_torch.testing import load_smollm2
 
     return load_smollm2(torch.bfloat16)
 
 
 @pytest.fixture(scope="session")
 def smollm2_f32() -> tuple[torch.nn.Module, object]:
-    from kwker_torch.models import load_smollm2
+    from kwker_torch.testing import load_smollm2
 
     return load_smollm2(torch.float32)
 

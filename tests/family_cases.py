@@ -1,4 +1,4 @@
-"""Tiny configs of every family KwkDecoder runs: each published shape (``kwker_torch.models.CONFIGS``) made
+"""Tiny configs of every family KwkDecoder runs: each published shape (``kwker_torch.testing.models.CONFIGS``) made
 small, keeping what makes the family itself (its norms, head_dim larger than hidden / heads, partial rotary,
 windows, soft-caps, scalars, fused or interleaved projections), plus variants for the optional parts
 (q/k norms, parallel blocks, a window on some layers only, clipping, LongRoPE across its switch, post-norm,
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from kwker_torch.models import random_model
+from kwker_torch.testing import random_model
 
 VOCAB = 2048
 IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}

@@ -50,7 +50,7 @@ def write_gguf(model: torch.nn.Module, path: str, tokenizer: bool = True, quanti
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
 
-    from kwker_torch.models import SMOLLM2_GGUF, smollm2_dir
+    from kwker_torch.testing import SMOLLM2_GGUF, smollm2_dir
 
     cfg = model.config
     # llama.cpp writes Mistral as the llama architecture.

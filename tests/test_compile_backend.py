@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kwker_torch import compile_backend
-from kwker_torch.models import generate_greedy, random_model
+from kwker_torch.testing import generate_greedy, random_model
 
 
 def compiled_graphs(model: torch.nn.Module, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.fx.GraphModule]]:
@@ -108,7 +108,7 @@ def test_generate_with_static_cache_matches_eager(smollm2_f32: tuple) -> None:
     model.forward = torch.compile(...) and through CompileConfig): the model's own greedy tokens."""
     from transformers import CompileConfig
 
-    from kwker_torch.models import chat_ids
+    from kwker_torch.testing import chat_ids
 
     model, tok = smollm2_f32
     ids = chat_ids(tok, "Explain to a child why the sky is blue.")

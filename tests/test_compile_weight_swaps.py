@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kwker_torch import compile_backend
-from kwker_torch.executor import StepExecutor
-from kwker_torch.models import random_model
+from kwker_torch.compile.executor import StepExecutor
+from kwker_torch.testing import random_model
 
 
 def _data_swap(m: torch.nn.Module) -> None:

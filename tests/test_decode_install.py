@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kwker_torch import decode
-from kwker_torch.models import chat_ids, generate_greedy, random_model
+from kwker_torch.testing import chat_ids, generate_greedy, random_model
 
 TOL = 1e-5
 

@@ -12,7 +12,7 @@ import torch
 
 from kwker_torch import KwkDecoder
 from kwker_torch.decoder import DecoderError
-from kwker_torch.models import generate_greedy, random_model
+from kwker_torch.testing import generate_greedy, random_model
 
 TOL = 1e-5
 
@@ -69,7 +69,7 @@ def test_every_step_within_1e5_of_hf_float32_and_greedy_tokens_identical(name: s
 
 def test_real_smollm2_greedy_tokens_and_logits(smollm2_f32: tuple) -> None:
     """The real SmolLM2-135M (its GGUF weights, float32, not bf16-exact: read as float32)."""
-    from kwker_torch.models import chat_ids
+    from kwker_torch.testing import chat_ids
 
     model, tok = smollm2_f32
     ids = chat_ids(tok, "What is the capital of France? Answer in one sentence.")[0]

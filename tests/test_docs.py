@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kwker_torch.models import qwen_tokenizer, random_model
+from kwker_torch.testing import qwen_tokenizer, random_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -44,9 +44,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def server(folder: str) -> Iterator[str]:
-    from kwker_torch.models import load_local
     from kwker_torch.serve import ServeOptions, create_app, engine_for
     from kwker_torch.serve.background import Background
+    from kwker_torch.testing import load_local
 
     model, tok = load_local(folder)
     opts = ServeOptions(slots=2, max_context=1024, served_name="tiny-qwen3")

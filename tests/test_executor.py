@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from kwker_torch import compile_backend
-from kwker_torch.executor import Plan, StepExecutor
-from kwker_torch.models import generate_greedy, random_model
+from kwker_torch.compile.executor import Plan, StepExecutor
+from kwker_torch.testing import generate_greedy, random_model
 
 
 class Capture:

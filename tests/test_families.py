@@ -163,7 +163,7 @@ def test_longrope_switches_as_hf_for_long_prompts_and_padded_batches() -> None:
     batch = torch.stack([long_a, torch.cat([torch.zeros(8, dtype=torch.long), short_b])])
     mask = torch.ones_like(batch)
     mask[1, :8] = 0
-    from kwker_torch.models import generate_greedy
+    from kwker_torch.testing import generate_greedy
 
     want = generate_greedy(ref, batch, 6, attention_mask=mask, exact=True, output_logits=True,
                            return_dict_in_generate=True)  # fmt: skip

@@ -23,7 +23,7 @@ from family_cases import CASES, LAYERS, decisive
 from gguf_files import GGUF_ARCH, write_gguf
 
 from kwker_torch import KwkDecoder, decode
-from kwker_torch.models import chat_ids, generate_greedy, random_model
+from kwker_torch.testing import chat_ids, generate_greedy, random_model
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -101,7 +101,7 @@ def test_install_under_hf_generate(case: str, smollm2: Any) -> None:
 
 @pytest.mark.parametrize("case", FAMILY_CASES)
 def test_save_load_and_the_quality_tool(case: str, smollm2: Any, tmp_path: Any) -> None:
-    from kwker_torch import quality
+    from kwker_torch.tools import quality
 
     tok = smollm2[1]
     model = entry_model(case)

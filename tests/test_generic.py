@@ -98,7 +98,7 @@ class Ops(torch.nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_layer_norm_stack_and_repeat_interleave_run_natively_close_to_torch(dtype: torch.dtype) -> None:
     from kwker_torch import compile_backend
-    from kwker_torch.executor import StepExecutor
+    from kwker_torch.compile.executor import StepExecutor
 
     mod = Ops(dtype).eval()
     x = torch.randn(3, 5, 48, generator=torch.Generator().manual_seed(0)).to(dtype)

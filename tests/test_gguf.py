@@ -184,7 +184,7 @@ def test_bad_paths_get_clear_errors(tmp_path: Any) -> None:
 def test_the_real_smollm2_file_runs_as_it_is(smollm2_f32: Any) -> None:
     """The real SmolLM2-135M-Instruct GGUF (its source is Q4_1): every matrix repacked exactly (q4, the
     embedding's Q8_0 as q8_0), the stored values those of the file, and scores close to its float32 forward."""
-    from kwker_torch.models import SMOLLM2_GGUF, smollm2_dir
+    from kwker_torch.testing import SMOLLM2_GGUF, smollm2_dir
 
     model, tok = smollm2_f32
     dec = KwkDecoder.from_gguf(os.path.join(smollm2_dir(), SMOLLM2_GGUF), max_context=256)
@@ -207,7 +207,7 @@ def test_the_fast_reader_reads_what_the_gguf_reader_reads() -> None:
     """``FastReader`` (what from_gguf and transformers read through) against the ``gguf`` package's own reader
     on the real SmolLM2 file: every field's parts, types and indices, every tensor's bytes."""
     from kwker_torch.decoder.gguf_reader import FastReader
-    from kwker_torch.models import SMOLLM2_GGUF, smollm2_dir
+    from kwker_torch.testing import SMOLLM2_GGUF, smollm2_dir
 
     path = os.path.join(smollm2_dir(), SMOLLM2_GGUF)
     a, b = gguf.GGUFReader(path), FastReader(path)
@@ -227,7 +227,7 @@ def test_decode_install_runs_the_file_the_model_was_loaded_from(llama_file: Any,
     """``decode.install(model, gguf=FILE)``: the model's generate() on the file's tensors as stored (tokens equal to
     from_gguf's own generation); a file of another model, or a precision beside it, is refused by name."""
     from kwker_torch import decode
-    from kwker_torch.models import generate_greedy
+    from kwker_torch.testing import generate_greedy
 
     path, loaded = llama_file
     prompt = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(2))

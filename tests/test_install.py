@@ -16,7 +16,7 @@ from transformers import AttentionInterface, StoppingCriteria, StoppingCriteriaL
 from transformers.generation.streamers import BaseStreamer
 
 from kwker_torch import torch_ops
-from kwker_torch.models import chat_ids, generate_greedy, random_model
+from kwker_torch.testing import chat_ids, generate_greedy, random_model
 
 PROMPTS = [
     "What is the capital of France?",
@@ -221,7 +221,7 @@ def test_unsupported_linears_stay_on_torch_logged_once(caplog: pytest.LogCapture
 def test_amx_prompts_left_to_torch_only_without_kwkers_amx_tier(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a CPU where torch's GEMM has AMX, bf16 prompt linears go to torch unless kwker runs its own
     ``amx`` tier (then the measured choice decides); decode rows stay on kwker either way."""
-    from kwker_torch import _native
+    from kwker_torch.ops import native as _native
 
     monkeypatch.setattr(torch_ops, "_torch_uses_amx", lambda: True)
     for tier, prompt_to_torch in [("avx512", True), ("amx", False)]:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import kwker_torch
-from kwker_torch._native import TIERS
+from kwker_torch.ops.native import TIERS
 from kwker_torch.peer.build import cpu_flags as _cpu_flags
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kwker_torch import torch_ops
-from kwker_torch.path_choice import KWKER, TORCH, PathChoice, rows_bucket
+from kwker_torch.ops.path_choice import KWKER, TORCH, PathChoice, rows_bucket
 
 
 def test_decides_for_the_faster_path_after_its_trials() -> None:

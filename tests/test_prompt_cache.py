@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kwker_torch import KwkDecoder, decode
-from kwker_torch.models import chat_ids, generate_greedy
+from kwker_torch.testing import chat_ids, generate_greedy
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_hf_generate_second_turn_reuses_the_first(smollm2: tuple) -> None:
 @pytest.mark.parametrize(("name", "precision"), [("Qwen2.5-0.5B", "int8"), ("SmolLM2-360M", "int4"),
                                                  ("Mistral-7B-v0.1", "preserve")])  # fmt: skip
 def test_families_and_precisions_cached_turn_equals_fresh(name: str, precision: str) -> None:
-    from kwker_torch.models import random_model
+    from kwker_torch.testing import random_model
 
     over = {"sliding_window": 16} if name.startswith("Mistral") else {}
     model = random_model(name, torch.bfloat16, num_hidden_layers=2, **over)

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import kwker_torch
-from kwker_torch import quality
+from kwker_torch.tools import quality
 
 TEXT = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "

@@ -16,7 +16,7 @@ from test_decoder import FAMILIES, family_model, hf_logits, rel
 
 from kwker_torch import KwkDecoder, decode
 from kwker_torch.decoder import DecoderError, plan
-from kwker_torch.models import chat_ids, generate_greedy, random_model
+from kwker_torch.testing import chat_ids, generate_greedy, random_model
 
 BOUND = {"int8": (0.07, 2e-3), "int4": (0.4, 6e-2)}  # (max relative logit error, mean KL)
 QUANTIZABLE = [f for f in FAMILIES if f != "odd-head-dim"]  # hidden 160 is not a multiple of q8's 64

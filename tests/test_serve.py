@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from kwker_torch.decoder import KwkDecoder
-from kwker_torch.models import chat_ids
 from kwker_torch.serve import ServeOptions, create_app, engine_for
 from kwker_torch.serve.background import Background
 from kwker_torch.serve.engine import Engine
+from kwker_torch.testing import chat_ids
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"

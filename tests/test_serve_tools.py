@@ -16,10 +16,10 @@ import jsonschema
 import openai
 import pytest
 
-from kwker_torch.models import chat_ids, qwen_tokenizer, random_model
 from kwker_torch.serve import ServeOptions, create_app, engine_for
 from kwker_torch.serve.background import Background
 from kwker_torch.serve.tools import HERMES, LLAMA3_JSON, CallStream, split_reply
+from kwker_torch.testing import chat_ids, qwen_tokenizer, random_model
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen3-tiny"

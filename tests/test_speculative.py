@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kwker_torch import KwkDecoder, decode, texts
-from kwker_torch.models import chat_ids, generate_greedy, random_model
+from kwker_torch.testing import chat_ids, generate_greedy, random_model
 
 
 def passage(words: int = 120) -> str:

@@ -16,8 +16,8 @@ import torch
 
 import kwker_torch
 from kwker_torch import torch_ops
-from kwker_torch.executor import StepExecutor
-from kwker_torch.models import generate_greedy, random_model
+from kwker_torch.compile.executor import StepExecutor
+from kwker_torch.testing import generate_greedy, random_model
 
 
 @pytest.fixture(autouse=True)

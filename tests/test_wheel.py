@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 import kwker_torch
 from kwker_torch import decode, texts
-from kwker_torch.models import generate_greedy, random_model
+from kwker_torch.testing import generate_greedy, random_model
 
 where = os.path.realpath(kwker_torch.__file__)
 assert where.startswith(os.path.realpath(sys.prefix)), f"kwker_torch came from {where}, not the venv"

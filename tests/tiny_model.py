@@ -11,7 +11,7 @@ def tiny_model(folder: str) -> str:
     from tokenizers import models as tokenizer_models
     from transformers import PreTrainedTokenizerFast
 
-    from kwker_torch.models import random_model
+    from kwker_torch.testing import random_model
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}

@@ -2,7 +2,7 @@
 
 ``KwkDecoder.from_hf(model)`` and ``decode.install(model)`` on an architecture no family maps (BLOOM, GPT-J,
 CodeGen, ALiBi Falcon, ...) build a ``CompiledDecoder`` instead of refusing, logged once: the model's own forward
-under ``torch.compile(backend="kwker")`` (``compile_backend.py``: linears on prepared weights, and per input
+under ``torch.compile(backend="kwker")`` (``compile/backend.py``: linears on prepared weights, and per input
 shape one planned native program over preallocated buffers, ops it does not know run through torch inside
 it) over Hugging Face's static cache, whose K/V the executor writes in place, driven by Hugging Face's own
 ``generate()`` loop. A decode step is one call into Rust plus the torch steps of unknown ops.
@@ -116,7 +116,7 @@ class CompiledDecoder:
                   "static cache), not KwkDecoder's recipe")  # fmt: skip
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        from ..compile_backend import kwker_backend
+        from ..compile.backend import kwker_backend
 
         fn = kwker_backend(gm, example_inputs)
         self._graphs.append(fn)
@@ -125,7 +125,7 @@ class CompiledDecoder:
     def plans(self) -> list[Any]:
         """The native executor's plans of this model's graphs (``executor.Plan``: ``runs``, ``native_calls``,
         ``torch_ops``); empty while every graph runs as FX."""
-        from ..executor import StepExecutor
+        from ..compile.executor import StepExecutor
 
         out = []
         for fn in self._graphs:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .. import _native
+from ..ops import native as _native
 
 ABI_VERSION = 6
 ERR_LEN = 2048

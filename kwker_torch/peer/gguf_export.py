@@ -153,7 +153,7 @@ def _bytes_to_unicode() -> list[str]:
 def _copy_smollm2_tokenizer(w: Any) -> None:
     import gguf
 
-    from ..models import SMOLLM2_GGUF, smollm2_dir
+    from ..hf import SMOLLM2_GGUF, smollm2_dir
 
     reader = gguf.GGUFReader(os.path.join(smollm2_dir(), SMOLLM2_GGUF))
     for key, field in reader.fields.items():

@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import models
+from .. import hf as models
 from . import tools
 from .engine import Closed, Engine, QueueFull
 from .flight import Flight, chat_logprobs, new_id, text_logprobs
@@ -71,7 +71,7 @@ def build_engine(opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
 
 
 def _threads(opts: ServeOptions) -> None:
-    from .. import _native
+    from ..ops import native as _native
 
     if opts.threads:
         _native.set_num_threads(opts.threads)

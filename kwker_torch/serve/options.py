@@ -124,7 +124,7 @@ def load_model(opts: ServeOptions) -> tuple[Any, Any]:
     """(HF model, tokenizer) named by ``opts.model``, offline."""
     import torch
 
-    from .. import models
+    from .. import hf as models
 
     if opts.model is None:
         return models.load_smollm2(torch.bfloat16)

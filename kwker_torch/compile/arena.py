@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from .planner import Desc, Slot
+from .descs import Desc, Slot
 
 
 def pack_arena(slots: list[Slot], desc: dict[fx.Node, Any], gm: fx.GraphModule,

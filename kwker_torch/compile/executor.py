@@ -24,9 +24,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from . import _native
+from ..ops import native as _native
 from .arena import pack_arena
-from .planner import Desc, Dyn, Planner, TorchStep, Unsupported, esize
+from .descs import Desc, Dyn, TorchStep, Unsupported, esize
+from .planner import Planner
 
 log = logging.getLogger("kwker_torch")
 

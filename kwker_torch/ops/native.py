@@ -17,7 +17,8 @@ TIERS = ("generic", "avx2", "avxvnni", "avx512", "amx")
 
 
 def _load() -> ctypes.CDLL:
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIB_NAME)
+    # The library sits at the package's top (setup.py places it there), one folder above this module.
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), LIB_NAME)
     if not os.path.exists(path):
         raise ImportError(
             f"kwker_torch: the native library {path} is missing. Build it from the repository root with "
