@@ -4,6 +4,7 @@ no file over 600 lines, and the old public names still the same objects as the n
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,48 @@ print("ok")
     # A fresh interpreter: the aliases must hold on a first import, whatever this process imported before.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every simple cycle through the graph's edges, each listed once from its smallest module."""
+    found = []
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph[node]):
+                if nxt == start and path[0] == min(path):
+                    found.append([*path, start])
+                elif nxt not in path and nxt > start:
+                    stack.append((nxt, [*path, nxt]))
+    return found
+
+
+def _python_imports(path: Path) -> set[str]:
+    """Sibling modules `path` imports at run time (type-only imports under TYPE_CHECKING excluded)."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)}  # fmt: skip
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, ast.ImportFrom) or node.level != 1:
+            continue
+        out |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+    return out
+
+
+def test_no_import_cycle_in_the_decoder_packages() -> None:
+    """Neither the Python decoder package nor `rust/src/decoder/` has modules that import each other in a ring
+    (a reader can take them top-down)."""
+    py = {p.stem: p for p in (PACKAGE / "decoder").glob("*.py")}
+    graph = {m: {d for d in _python_imports(p) if d in py and d != m} for m, p in py.items()}
+    assert not _cycles(graph), f"kwker_torch/decoder import cycles: {_cycles(graph)}"
+    rs = {p.stem: p.read_text() for p in (ROOT / "rust" / "src" / "decoder").glob("*.rs")}
+    graph = {}
+    for m, text in rs.items():
+        names = set(re.findall(r"use super::(\w+)", text))
+        for group in re.findall(r"use super::\{([^}]*)\}", text):
+            names |= {g.split("::")[0].strip() for g in group.split(",") if g.strip()}
+        graph[m] = {n for n in names if n in rs and n != m}
+    assert graph["layer"], "the scan found no `use super::` in layer.rs"
+    assert not _cycles(graph), f"rust/src/decoder import cycles: {_cycles(graph)}"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from . import families, native, plan
-from .runtime import CHUNK_ROWS, PRECISIONS, eos_ids
+from .common import CHUNK_ROWS, PRECISIONS, eos_ids, mem_total
 
 log = logging.getLogger("kwker_torch")
 
@@ -32,17 +32,6 @@ def _matrix(t: torch.Tensor) -> torch.Tensor:
     if t.dtype == torch.float32 and bf16_exact(t):
         return t.to(torch.bfloat16).contiguous()
     return t.contiguous()
-
-
-def _mem_total() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def check_model(model: torch.nn.Module) -> tuple[families.Family, dict[str, Any]]:
@@ -78,7 +67,7 @@ def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_
             "positions (max_position_embeddings / n_positions); use a smaller max_context"
         )
     kv_bytes = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
-    total = _mem_total()
+    total = mem_total()
     if total is not None and kv_bytes > 0.8 * total:
         raise ValueError(
             f"kwker: a KV cache for max_batch={max_batch} x max_context={max_context} needs "

@@ -166,7 +166,7 @@ class CompiledDecoder:
     ) -> Any:
         """``KwkDecoder.generate``'s arguments and ``Completion`` results; several prompts run one after
         another (the compile backend's path has no slots to batch them in)."""
-        from .runtime import Completion
+        from .common import Completion
 
         if prompt_lookup or prompt_cache or draft is not None:
             raise refuse(self.model, "prompt lookup, the prompt cache or a draft model")

@@ -38,8 +38,8 @@ import torch
 
 from . import families, native, plan
 from .build import _limits, bf16_exact
+from .common import CHUNK_ROWS, eos_ids
 from .gguf_reader import reading
-from .runtime import CHUNK_ROWS, eos_ids
 
 log = logging.getLogger("kwker_torch")
 

@@ -140,9 +140,9 @@ def hessians(model: torch.nn.Module, ids: torch.Tensor, modules: dict[Key, tuple
 
 def memory_budget() -> int:
     """Bytes of Hessians held at once: a quarter of the machine's memory, at most 2 GiB."""
-    from .build import _mem_total
+    from .common import mem_total
 
-    total = _mem_total() or 8 << 30
+    total = mem_total() or 8 << 30
     return min(2 << 30, total // 4)
 
 

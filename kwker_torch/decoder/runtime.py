@@ -25,41 +25,21 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from . import native
+from .common import PRECISIONS, PROMPT_LOOKUP, Completion, eos_ids
 from .native import CALLBACK, FINISH, LOGITS, DecoderError, GenParams
 
 log = logging.getLogger("kwker_torch")
 
-PRECISIONS = ("preserve", "balanced", "int8", "int4")
-# Rows (tokens) per pass over the weights: prompts longer than this are read in chunks.
-CHUNK_ROWS = 512
 
 
 _ptr, _i64 = native.ptr, native.i64
 
 
-@dataclass
-class Completion:
-    """What ``generate`` returns per prompt: the new tokens and why it stopped ("stop": a stop token,
-    the last of ``tokens``; "length": ``max_new_tokens`` or the slot's ``max_context``; "callback"); the
-    slot it ran in, how many prompt tokens that slot already held (``cached``: not read again), and the
-    prompt-lookup drafts proposed and accepted."""
-
-    tokens: list[int]
-    finish_reason: str
-    slot: int = 0
-    cached: int = 0
-    drafted: int = 0
-    accepted: int = 0
-
-
-# Most draft tokens per speculative step that generate() proposes by default (prompt lookup).
-PROMPT_LOOKUP = 8
 
 
 class KwkDecoder:
@@ -453,15 +433,6 @@ class KwkDecoder:
             raise DecoderError(f"kwker: {err.value.decode()}")
         with self._count_lock:
             self.native_steps += 1
-
-
-def eos_ids(model: torch.nn.Module) -> list[int]:
-    """The model's end-of-sequence ids (generation config first, then the model config)."""
-    for src in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        eos = getattr(src, "eos_token_id", None)
-        if eos is not None:
-            return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
-    return []
 
 
 pool_stalls = native.pool_stalls

@@ -18,10 +18,13 @@
 pub mod attend;
 pub mod builder;
 pub mod cache;
+pub mod ctx;
 pub mod forward;
 pub mod generate;
 pub mod layer;
+pub mod linear;
 pub mod lookup;
+pub mod mlp;
 pub mod moe;
 pub mod norm;
 pub mod ops;
@@ -32,8 +35,8 @@ pub mod tensors;
 pub mod weights;
 
 use cache::KvCache;
+use ctx::{Model, Scratch};
 pub use forward::{Logits, SeqStep};
-use forward::{Model, Scratch};
 use recipe::{Limits, Positions, Recipe};
 use rope::RopeTables;
 use weights::Weights;

@@ -12,8 +12,9 @@
 //! says `clip_after_norm`: OLMoE).
 
 use super::cache::KvCache;
-use super::forward::{lin, Model, Row, Segment};
-use super::layer::MIN_ROW_VALUES;
+use super::ctx::MIN_ROW_VALUES;
+use super::ctx::{Model, Row, Segment};
+use super::linear::lin;
 use super::norm::norm_rows_in_place;
 use super::ops;
 use super::recipe::{QkNorm, QkScope};

@@ -17,21 +17,17 @@
 //! forward is summation order (and exp/tanh/erf within a few ulp). A quantized matrix's linear reads
 //! its input rounded to int8 per 32 values (`quant.rs`); everything around it stays float32.
 
-use std::ops::Range;
-
 use super::cache::KvCache;
+use super::ctx::{Model, Row, Scratch, Segment};
 use super::layer;
-use super::moe::MoeBufs;
+use super::linear::lin;
 use super::norm::norm_rows;
 use super::ops;
-use super::recipe::{Limits, Positions, Recipe};
-use super::rope::{RopeTables, Table};
+use super::recipe::Positions;
+use super::rope::Table;
 use super::tensors::Tensor;
-use super::weights::{Mat, Weights};
 use crate::isa::Isa;
-use crate::panel::panel_linear;
 use crate::par::Parallel;
-use crate::quant::quant_linear;
 use crate::vmath;
 
 /// Which logits a sequence of the batch wants back.
@@ -60,145 +56,6 @@ pub struct SeqStep<'a> {
     pub slot: usize,
     pub tokens: &'a [u32],
     pub logits: Logits,
-}
-
-/// Scratch activations for up to `rows` rows, grown on demand and kept between steps.
-#[derive(Default)]
-pub struct Scratch {
-    /// The residual stream [rows][hidden].
-    pub x: Vec<f32>,
-    /// A sub-layer's normed input [rows][hidden].
-    pub h: Vec<f32>,
-    pub qkv: Vec<f32>,
-    /// Attention output before o [rows][heads * head_dim].
-    pub attn: Vec<f32>,
-    /// The attention sub-layer's output [rows][hidden].
-    pub a: Vec<f32>,
-    /// The MLP's first projection [rows][up_rows].
-    pub gu: Vec<f32>,
-    pub act: Vec<f32>,
-    /// The MLP sub-layer's output [rows][hidden].
-    pub f: Vec<f32>,
-    /// One sequence's attention output, [heads][tokens][head_dim].
-    pub tmp: Vec<f32>,
-    /// Embedding-width rows (token embeddings before proj_in; the lm_head input after proj_out).
-    pub e: Vec<f32>,
-    /// The rows whose logits are wanted, gathered from `x` ([rows][hidden]).
-    pub fin: Vec<f32>,
-    /// A sparse layer's router logits and per-expert rows.
-    pub moe: MoeBufs,
-    rows: usize,
-}
-
-impl Scratch {
-    fn ensure(&mut self, r: &Recipe, rows: usize) {
-        if rows <= self.rows {
-            return;
-        }
-        let grow = |v: &mut Vec<f32>, w: usize| v.resize(rows * w, 0.0);
-        let h = r.hidden;
-        for v in [
-            &mut self.x,
-            &mut self.h,
-            &mut self.a,
-            &mut self.f,
-            &mut self.fin,
-        ] {
-            grow(v, h);
-        }
-        grow(&mut self.qkv, r.qkv_width());
-        grow(&mut self.attn, r.q_width());
-        grow(&mut self.gu, r.up_rows());
-        grow(&mut self.act, r.intermediate);
-        if let Some(moe) = r.moe {
-            // An expert's rows (at most the window's) or a grouped step's picks (moe::GROUP_PICKS).
-            let picks = rows * moe.top_k;
-            let expert_rows = rows.max(picks.min(super::moe::GROUP_PICKS));
-            let at_least = |v: &mut Vec<f32>, n: usize| {
-                if v.len() < n {
-                    v.resize(n, 0.0)
-                }
-            };
-            at_least(&mut self.gu, expert_rows * r.expert_up_rows());
-            at_least(&mut self.act, expert_rows * moe.intermediate);
-            grow(&mut self.moe.logits, moe.experts);
-            grow(&mut self.moe.rows_in, h * moe.top_k);
-            grow(&mut self.moe.rows_out, h * moe.top_k);
-        }
-        grow(&mut self.tmp, r.q_width());
-        grow(&mut self.e, r.embed_dim.max(h));
-        self.rows = rows;
-    }
-}
-
-/// Where each row of a window comes from: its slot, cache index and rotary position.
-pub struct Row {
-    pub slot: usize,
-    pub index: usize,
-    pub pos: usize,
-}
-
-/// A sequence's rows inside one window.
-pub struct Segment {
-    pub slot: usize,
-    pub rows: Range<usize>,
-    /// Cache index of the segment's first row.
-    pub pos0: usize,
-}
-
-/// Everything a step reads besides the activations.
-pub struct Model<'a> {
-    pub r: &'a Recipe,
-    pub lim: &'a Limits,
-    pub w: &'a Weights,
-    pub ropes: &'a [RopeTables],
-}
-
-/// y[..m * n] = x[..m * k] w^T (+ b), for a matrix stored either way.
-pub fn lin(
-    isa: Isa,
-    par: &dyn Parallel,
-    x: &[f32],
-    m: usize,
-    w: &Mat,
-    b: Option<&[f32]>,
-    y: &mut [f32],
-) {
-    let (n, k) = (w.rows(), w.cols());
-    let (x, y) = (&x[..m * k], &mut y[..m * n]);
-    match w {
-        Mat::Panel(p) => panel_linear(isa, par, x, m, p, b, y),
-        Mat::Quant(q) => quant_linear(isa, par, x, m, q, b, y),
-    }
-}
-
-/// One linear of a group (`lin_group`): y[..m * n] = x[..m * k] w^T, no bias.
-pub struct LinItem<'a> {
-    pub x: &'a [f32],
-    pub m: usize,
-    pub w: &'a Mat,
-    pub y: &'a mut [f32],
-}
-
-/// Independent linears (a mixture's experts) in one parallel region per storage kind; each result is
-/// bit-identical to `lin` of that item alone.
-pub fn lin_group(isa: Isa, par: &dyn Parallel, items: Vec<LinItem<'_>>) {
-    let mut panels = Vec::new();
-    let mut quants = Vec::new();
-    for it in items {
-        let (n, k, m) = (it.w.rows(), it.w.cols(), it.m);
-        let (x, y) = (&it.x[..m * k], &mut it.y[..m * n]);
-        match it.w {
-            Mat::Panel(w) => panels.push(crate::panel::GroupItem { x, m, w, y }),
-            Mat::Quant(w) => quants.push(crate::quant::GroupItem { x, m, w, y }),
-        }
-    }
-    if !panels.is_empty() {
-        crate::panel::panel_linear_group(isa, par, &mut panels);
-    }
-    if !quants.is_empty() {
-        crate::quant::quant_linear_group(isa, par, &mut quants);
-    }
 }
 
 /// Runs a validated batch (see `Decoder::step`): writes K/V and tokens into the slots and the wanted

@@ -13,7 +13,8 @@
 
 use super::attend::{self, AttnBufs};
 use super::cache::KvCache;
-use super::forward::{Model, Row, Scratch, Segment};
+use super::ctx::{Model, Row, Scratch, Segment, MIN_ROW_VALUES};
+use super::mlp;
 use super::moe;
 use super::norm::{norm_rows, norm_rows_in_place};
 use super::ops;
@@ -25,9 +26,6 @@ use crate::isa::Isa;
 use crate::par::{rows_mut, Parallel};
 
 /// Norm `weight` (and its bias tensor `bias`) of layer `l` over `m` rows of `x` into `out`.
-/// Values per task below which a prompt's per-row work stays on one thread.
-pub(super) const MIN_ROW_VALUES: usize = 1 << 14;
-
 fn norm_into(
     r: &Recipe,
     w: &Weights,
@@ -104,7 +102,7 @@ pub fn run(
                 w.mat(Tensor::Down, l),
                 w.vec(Tensor::DownBias, l),
             );
-            moe::ffn(r, isa, par, mats, input, gu, act, out, m)
+            mlp::ffn(r, isa, par, mats, input, gu, act, out, m)
         }
     };
     match r.block {

@@ -13,44 +13,20 @@
 //!              outputs summed over the top-k slots; its eager loop sums by expert, 1e-9 apart).
 //! exp is libm's `expf`, the sum divided rather than multiplied by its reciprocal (an ulp from torch).
 
-use super::forward::{lin, lin_group, LinItem};
-use super::layer::MIN_ROW_VALUES;
+pub use super::ctx::{ExpertCounts, MoeBufs};
+use super::linear::{lin, lin_group, LinItem};
+use super::mlp::ffn;
 use super::recipe::{Recipe, Router};
 use super::tensors::Tensor;
-use super::weights::{Mat, Weights};
+use super::weights::Weights;
 use crate::isa::Isa;
-use crate::par::{rows_mut, Parallel};
+use crate::par::Parallel;
 use crate::vmath;
 
 /// At most this many (row, expert) picks in a window run every chosen expert's matrices in one
 /// parallel region per matrix (a decode step or a small batch, where one expert's few rows are too
 /// little work to split on their own); more run expert after expert, each a GEMM over its rows.
 pub const GROUP_PICKS: usize = 64;
-
-/// Scratch of a sparse layer, grown with the window (`forward::Scratch` owns it).
-#[derive(Default)]
-pub struct MoeBufs {
-    /// Router logits [rows][experts].
-    pub logits: Vec<f32>,
-    /// The window's rows gathered by expert [picks][hidden] (expert 0's rows first).
-    pub rows_in: Vec<f32>,
-    /// The experts' outputs in the same order [picks][hidden].
-    pub rows_out: Vec<f32>,
-    /// Expert linears run and rows run through them since the decoder was built (tests read them: a
-    /// decode row runs its k experts once each, a prompt's rows share one run per expert).
-    pub counts: ExpertCounts,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExpertCounts {
-    /// Expert MLPs run (one per expert chosen in a window).
-    pub runs: u64,
-    /// Rows run through them (each row once per expert it chose).
-    pub rows: u64,
-    /// Linear calls the experts' matrices ran in: two per window when grouped (`GROUP_PICKS`), else
-    /// two per expert run.
-    pub calls: u64,
-}
 
 /// Each row's k (expert, weight) pairs, in the order the router ranks them.
 pub fn route(r: &Router, k: usize, logits: &[f32], experts: usize, out: &mut Vec<(u32, f32)>) {
@@ -101,42 +77,6 @@ fn softmax(x: &[f32], out: &mut [f32]) {
     for o in out.iter_mut() {
         *o /= sum;
     }
-}
-
-/// One MLP (dense or an expert): down(act(gate h) * up h) or down(act(up h)), over `m` rows of `input`
-/// into `out` ([m][hidden]); `gu` and `act` hold the intermediate rows.
-#[allow(clippy::too_many_arguments)]
-pub fn ffn(
-    r: &Recipe,
-    isa: Isa,
-    par: &dyn Parallel,
-    mats: (&Mat, Option<&[f32]>, &Mat, Option<&[f32]>),
-    input: &[f32],
-    gu: &mut [f32],
-    act: &mut [f32],
-    out: &mut [f32],
-    m: usize,
-) {
-    let (up, up_bias, down, down_bias) = mats;
-    let i = down.cols();
-    lin(isa, par, input, m, up, up_bias, gu);
-    let hidden: &[f32] = if r.mlp.gated {
-        let gu = &gu[..m * 2 * i];
-        rows_mut(par, &mut act[..m * i], i, MIN_ROW_VALUES, &|i0, out| {
-            for (row, o) in gu[i0 * 2 * i..]
-                .chunks_exact(2 * i)
-                .zip(out.chunks_exact_mut(i))
-            {
-                let (g, u) = row.split_at(i);
-                vmath::act_mul(isa, r.mlp.act, g, u, o);
-            }
-        });
-        &act[..m * i]
-    } else {
-        vmath::act_in_place(isa, r.mlp.act, &mut gu[..m * i]);
-        &gu[..m * i]
-    };
-    lin(isa, par, hidden, m, down, down_bias, out);
 }
 
 /// Cuts `buf` into consecutive `counts[e] * width` slices.

@@ -1,0 +1,53 @@
+"""What the decoder package's modules share without importing each other: the precisions, the prompt chunk,
+the default prompt-lookup depth, what ``generate`` returns (``Completion``), the model's EOS ids, and the
+machine's memory (for budgets). ``runtime.py`` re-exports the public ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PRECISIONS = ("preserve", "balanced", "int8", "int4")
+# Rows (tokens) per pass over the weights: prompts longer than this are read in chunks.
+CHUNK_ROWS = 512
+
+# Most draft tokens per speculative step that generate() proposes by default (prompt lookup).
+PROMPT_LOOKUP = 8
+
+
+@dataclass
+class Completion:
+    """What ``generate`` returns per prompt: the new tokens and why it stopped ("stop": a stop token,
+    the last of ``tokens``; "length": ``max_new_tokens`` or the slot's ``max_context``; "callback"); the
+    slot it ran in, how many prompt tokens that slot already held (``cached``: not read again), and the
+    prompt-lookup drafts proposed and accepted."""
+
+    tokens: list[int]
+    finish_reason: str
+    slot: int = 0
+    cached: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+def eos_ids(model: torch.nn.Module) -> list[int]:
+    """The model's end-of-sequence ids (generation config first, then the model config)."""
+    for src in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(src, "eos_token_id", None)
+        if eos is not None:
+            return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return []
+
+
+def mem_total() -> int | None:
+    """Bytes of RAM this machine has (Linux's MemTotal), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,56 @@
+//! The decoder's linear: one call for a matrix stored as float panels (`panel`) or quantized (`quant`), and a
+//! group of independent ones (a mixture's experts) in one parallel region per storage kind.
+//! Numerical contract: `panel_linear`'s and `quant_linear`'s; a grouped item gives `lin`'s bits alone.
+
+use super::weights::Mat;
+use crate::isa::Isa;
+use crate::panel::panel_linear;
+use crate::par::Parallel;
+use crate::quant::quant_linear;
+
+/// y[..m * n] = x[..m * k] w^T (+ b), for a matrix stored either way.
+pub fn lin(
+    isa: Isa,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &Mat,
+    b: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let (n, k) = (w.rows(), w.cols());
+    let (x, y) = (&x[..m * k], &mut y[..m * n]);
+    match w {
+        Mat::Panel(p) => panel_linear(isa, par, x, m, p, b, y),
+        Mat::Quant(q) => quant_linear(isa, par, x, m, q, b, y),
+    }
+}
+
+/// One linear of a group (`lin_group`): y[..m * n] = x[..m * k] w^T, no bias.
+pub struct LinItem<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub w: &'a Mat,
+    pub y: &'a mut [f32],
+}
+
+/// Independent linears (a mixture's experts) in one parallel region per storage kind; each result is
+/// bit-identical to `lin` of that item alone.
+pub fn lin_group(isa: Isa, par: &dyn Parallel, items: Vec<LinItem<'_>>) {
+    let mut panels = Vec::new();
+    let mut quants = Vec::new();
+    for it in items {
+        let (n, k, m) = (it.w.rows(), it.w.cols(), it.m);
+        let (x, y) = (&it.x[..m * k], &mut it.y[..m * n]);
+        match it.w {
+            Mat::Panel(w) => panels.push(crate::panel::GroupItem { x, m, w, y }),
+            Mat::Quant(w) => quants.push(crate::quant::GroupItem { x, m, w, y }),
+        }
+    }
+    if !panels.is_empty() {
+        crate::panel::panel_linear_group(isa, par, &mut panels);
+    }
+    if !quants.is_empty() {
+        crate::quant::quant_linear_group(isa, par, &mut quants);
+    }
+}
