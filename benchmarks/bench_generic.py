@@ -1,4 +1,4 @@
-"""Causal LMs outside KwkDecoder's recipe (the compile backend's path, ``kwker_torch/decoder/generic.py``) against
+"""Causal LMs outside KwkDecoder's recipe (the compile backend's path, ``kwker_torch/decoder/compiled.py``) against
 stock torch, interleaved in one run: random-initialised models of the real shapes of BLOOM-560m (ALiBi),
 CodeGen-350M-mono and GPT-J-6B (``--gptj-layers`` of its 28 layers), in bf16 (how transformers 5 loads a bf16
 checkpoint) and in float32 (the same bf16 weights loaded as float32, where Hugging Face float32 is the reference).

@@ -215,10 +215,10 @@ def test_float32_weights_that_are_not_bf16_stay_float32() -> None:
 def test_unsupported_models_and_config_fields_are_named() -> None:
     from transformers import BloomConfig, BloomForCausalLM, BloomModel
 
-    from kwker_torch.decoder.generic import CompiledDecoder
+    from kwker_torch.decoder.compiled import CompiledDecoder
 
     cfg = BloomConfig(hidden_size=64, n_layer=1, n_head=2, vocab_size=128)
-    # A causal LM outside the recipe runs on the compile backend's path (tests/test_generic.py); a model that
+    # A causal LM outside the recipe runs on the compile backend's path (tests/test_compiled_decoder.py); a model that
     # does not generate is refused by name.
     assert isinstance(KwkDecoder.from_hf(BloomForCausalLM(cfg)), CompiledDecoder)
     with pytest.raises(ValueError, match="does not run BloomModel \\(model_type='bloom'\\).*torch.compile"):

@@ -11,7 +11,7 @@
 | ``install`` | ``decode.install(model)``: Hugging Face's forward and ``generate()`` on the decoder |
 | ``prompt_cache`` | which slot a prompt takes and what it reuses |
 | ``speculative`` | a draft model's proposals verified by the decoder |
-| ``generic`` | ``CompiledDecoder``: a causal LM no family maps, on the compile backend's native executor |
+| ``compiled`` | ``CompiledDecoder``: a causal LM no family maps, on the compile backend's native executor |
 """
 
 from __future__ import annotations

@@ -452,9 +452,9 @@ def install(
     again rebuilds the decoder. Returns the model."""
     if getattr(model, ATTR, None) is not None:
         uninstall(model)
-    from . import generic
+    from . import compiled
 
-    if not families.maps(model) and generic.is_causal_lm(model):
+    if not families.maps(model) and compiled.is_causal_lm(model):
         return _install_compiled(model, precision, max_batch, max_context, build_kw)
     inst = _Installed(model, precision, max_batch, max_context, build_kw, prompt_cache)
 
@@ -493,16 +493,16 @@ class _CompiledInstall:
 
 def _install_compiled(model: torch.nn.Module, precision: str, max_batch: int, max_context: int | None,
                       build_kw: dict) -> torch.nn.Module:  # fmt: skip
-    """decode.install() of a causal LM no family maps: the compile backend's path (``generic.py``)."""
-    from . import generic
+    """decode.install() of a causal LM no family maps: the compile backend's path (``compiled.py``)."""
+    from . import compiled
 
     if precision != "preserve" or build_kw:
-        raise generic.refuse(model, f"precision={precision!r} (or calib=, formats=)")
-    if not generic.compilable(model):
-        _log_once(f"{generic.describe(model)} is outside the recipe and transformers cannot run it on a static cache; "
+        raise compiled.refuse(model, f"precision={precision!r} (or calib=, formats=)")
+    if not compiled.compilable(model):
+        _log_once(f"{compiled.describe(model)} is outside the recipe and transformers cannot run it on a static cache; "
                   "it keeps its own forward (kwker_torch.torch_ops.install() routes its linears to kwker)")  # fmt: skip
         return model
-    dec = generic.CompiledDecoder(model, max_batch, max_context)
+    dec = compiled.CompiledDecoder(model, max_batch, max_context)
     gc = model.generation_config
     restore = {"cache_implementation": gc.cache_implementation, "max_cache_len": getattr(gc, "max_cache_len", None)}
     gc.cache_implementation = "static"  # the executor writes K/V into Hugging Face's static cache in place

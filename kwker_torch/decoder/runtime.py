@@ -91,14 +91,14 @@ class KwkDecoder:
         quantized matrix's codes chosen by GPTQ (``gptq.py``: column-by-column error compensation through the
         calibration inputs' Hessian); ``act_order``: GPTQ's columns in decreasing order of activation energy.
 
-        Any other causal LM gets a ``generic.CompiledDecoder`` (the compile backend's path: ``generate()`` with
+        Any other causal LM gets a ``compiled.CompiledDecoder`` (the compile backend's path: ``generate()`` with
         these arguments, precision "preserve" only), logged once."""
-        from . import build, families, generic
+        from . import build, compiled, families
 
-        if not families.maps(model) and generic.is_causal_lm(model):
+        if not families.maps(model) and compiled.is_causal_lm(model):
             if precision != "preserve" or calib is not None or formats is not None or gptq:
-                raise generic.refuse(model, f"precision={precision!r} (or calib=, formats=, gptq=)")
-            return generic.CompiledDecoder(model, max_batch, max_context)
+                raise compiled.refuse(model, f"precision={precision!r} (or calib=, formats=, gptq=)")
+            return compiled.CompiledDecoder(model, max_batch, max_context)
         return build.from_hf(cls, model, precision, max_batch, max_context, calib=calib, tokenizer=tokenizer,
                              formats=formats, gptq=gptq, act_order=act_order)  # fmt: skip
 

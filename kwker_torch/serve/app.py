@@ -86,12 +86,12 @@ def _start(dec: Any, tok: Any, eos: list[int], opts: ServeOptions, metrics: Metr
 
 def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
     """A started engine over a KwkDecoder of ``model`` with ``opts.slots`` slots (the model is not kept)."""
-    from ..decoder import KwkDecoder, eos_ids, families, generic
+    from ..decoder import KwkDecoder, compiled, eos_ids, families
 
     opts.check()
     if not families.maps(model):
-        if generic.is_causal_lm(model):  # the compile backend's path has no slots to batch requests in
-            raise generic.refuse(model, "the server (its continuous batching runs on KwkDecoder.step)")
+        if compiled.is_causal_lm(model):  # the compile backend's path has no slots to batch requests in
+            raise compiled.refuse(model, "the server (its continuous batching runs on KwkDecoder.step)")
         families.family_of(model)  # names what it is not
     _threads(opts)
     calib = None

@@ -245,7 +245,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         vocab_size=50304, max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=50279, pad_token_id=1,
     ),
-    # Outside the recipe (the compile backend's path, decoder/generic.py).
+    # Outside the recipe (the compile backend's path, decoder/compiled.py).
     "BLOOM-560m": dict(
         model_type="bloom", hidden_size=1024, n_layer=24, n_head=16, vocab_size=250880, layer_norm_epsilon=1e-5,
         apply_residual_connection_post_layernorm=False, bos_token_id=1, eos_token_id=2, pad_token_id=3,

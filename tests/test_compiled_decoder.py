@@ -1,4 +1,4 @@
-"""Any causal LM outside KwkDecoder's recipe (``kwker_torch/decoder/generic.py``): BLOOM (ALiBi), GPT-J
+"""Any causal LM outside KwkDecoder's recipe (``kwker_torch/decoder/compiled.py``): BLOOM (ALiBi), GPT-J
 (interleaved rotary, parallel block) and CodeGen (its fused, permuted q/k/v) run through the compile backend's
 native executor from ``KwkDecoder.from_hf`` and ``decode.install()``, with Hugging Face float32's greedy tokens
 (float32 models: the executor computes as torch does, float32 sums); what needs the recipe is refused naming
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from kwker_torch import KwkDecoder, decode
-from kwker_torch.decoder import generic, install
-from kwker_torch.decoder.generic import CompiledDecoder
+from kwker_torch.decoder import compiled as compiled_path
+from kwker_torch.decoder import install
+from kwker_torch.decoder.compiled import CompiledDecoder
 
 VOCAB = 1024
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -58,7 +59,7 @@ def test_from_hf_generates_hf_float32_tokens_on_the_native_executor(
     kind: str, caplog: Any, monkeypatch: Any
 ) -> None:
     # The path is logged once per process: forget what earlier tests (test_decoder's BLOOM) logged.
-    monkeypatch.setattr(generic, "_logged", set())
+    monkeypatch.setattr(compiled_path, "_logged", set())
     model = tiny(kind)
     ids = prompt()
     want = eager_greedy(model, ids, 12)
