@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 
 pub(crate) mod bf16_gemm;
 pub(crate) mod bf16_pack;
+pub(crate) mod bf16_split;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod dpbf16;
 #[cfg(test)]

@@ -32,6 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub(crate) use super::bf16_pack::Weights;
 use super::bf16_pack::{pack_b, KS, NB};
+#[cfg(target_arch = "x86_64")]
+use super::bf16_split::split_rows_avx512;
+use super::bf16_split::{split_rows, Split};
 use super::{Tiles, ROWS, ROW_BYTES};
 use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
 use crate::scratch::with_scratch;
@@ -42,106 +45,6 @@ pub(crate) const MIN_M: usize = 32;
 const MB: usize = 2 * ROWS;
 /// Below this many multiply-adds per task, splitting further costs more than it saves.
 const MIN_MACS_PER_TASK: usize = 1 << 20;
-
-/// The activations as bf16 pieces: `pieces` blocks of `m_pad` rows, `ld` u16s apart, each holding
-/// kp values (zero past k; zero rows past m).
-struct Split {
-    data: *const u16,
-    pieces: usize,
-    m_pad: usize,
-    kp: usize,
-    ld: usize,
-}
-
-/// Cuts x into hi + mid + lo (see the module header). Returns whether mid and lo had a non-zero.
-#[inline(always)]
-fn split_row(x: &[f32], hi: &mut [u16], mid: &mut [u16], lo: &mut [u16]) -> (bool, bool) {
-    let (mut any_mid, mut any_lo) = (0u16, 0u16);
-    for (i, &v) in x.iter().enumerate() {
-        let bits = v.to_bits();
-        let h = bits & 0xffff_0000;
-        // Inf / NaN (exponent all ones): everything in hi, NaN kept a NaN after truncation.
-        let special = bits & 0x7f80_0000 == 0x7f80_0000;
-        let r = if special { 0.0 } else { v - f32::from_bits(h) };
-        let m = r.to_bits() & 0xffff_0000;
-        let l = (r - f32::from_bits(m)).to_bits();
-        let h = if special && bits & 0x007f_ffff != 0 {
-            0x7fc0
-        } else {
-            (h >> 16) as u16
-        };
-        hi[i] = h;
-        mid[i] = (m >> 16) as u16;
-        lo[i] = (l >> 16) as u16;
-        any_mid |= mid[i] & 0x7fff;
-        any_lo |= lo[i] & 0x7fff;
-    }
-    (any_mid != 0, any_lo != 0)
-}
-
-/// Splits rows `rows` of x (m x k) into the three piece blocks at `out` (`[3][m_pad][ld]`, kp
-/// values a row), zeros past m and k. Returns (any mid, any lo).
-///
-/// # Safety
-/// `out` points at 3 * m_pad * ld u16s, kp <= ld, and no other thread writes these rows.
-#[allow(clippy::too_many_arguments)]
-unsafe fn split_rows(
-    x: &[f32],
-    k: usize,
-    m: usize,
-    rows: Range<usize>,
-    m_pad: usize,
-    kp: usize,
-    ld: usize,
-    out: *mut u16,
-) -> (bool, bool) {
-    let (mut any_mid, mut any_lo) = (false, false);
-    for r in rows {
-        // SAFETY: r < m_pad, so the three rows lie inside `out` (caller's contract), and they
-        // are distinct rows of distinct pieces: the slices do not overlap.
-        let (hi, mid, lo) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(out.add(r * ld), kp),
-                std::slice::from_raw_parts_mut(out.add((m_pad + r) * ld), kp),
-                std::slice::from_raw_parts_mut(out.add((2 * m_pad + r) * ld), kp),
-            )
-        };
-        if r < m {
-            let (a, b) = split_row(&x[r * k..(r + 1) * k], hi, mid, lo);
-            any_mid |= a;
-            any_lo |= b;
-            for piece in [&mut *hi, &mut *mid, &mut *lo] {
-                piece[k..].fill(0);
-            }
-        } else {
-            for piece in [hi, mid, lo] {
-                piece.fill(0);
-            }
-        }
-    }
-    (any_mid, any_lo)
-}
-
-/// `split_rows` compiled for AVX-512 (the same code, vectorised), for the hardware path.
-///
-/// # Safety
-/// As `split_rows`, and the CPU has AVX-512 F/BW.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn split_rows_avx512(
-    x: &[f32],
-    k: usize,
-    m: usize,
-    rows: Range<usize>,
-    m_pad: usize,
-    kp: usize,
-    ld: usize,
-    out: *mut u16,
-) -> (bool, bool) {
-    // SAFETY: forwarded contract.
-    unsafe { split_rows(x, k, m, rows, m_pad, kp, ld, out) }
-}
 
 /// One GEMM: y[m, n] = x[m, k] w^T (+ bias).
 pub(crate) struct Gemm<'a> {
@@ -472,6 +375,21 @@ mod tests {
         n: usize,
         bias: Option<&[f32]>,
     ) -> Vec<f32> {
+        run_blocked(par, x, m, k, w, n, bias, Blocking::DEFAULT)
+    }
+
+    /// `run_on` with a given blocking.
+    #[allow(clippy::too_many_arguments)]
+    fn run_blocked(
+        par: &dyn Parallel,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: Weights<'_>,
+        n: usize,
+        bias: Option<&[f32]>,
+        bl: Blocking,
+    ) -> Vec<f32> {
         let mut y = vec![f32::NAN; m * n];
         let p = Gemm {
             x,
@@ -483,7 +401,7 @@ mod tests {
             y: SyncPtr(y.as_mut_ptr()),
         };
         // SAFETY: emulated tiles run anywhere; no AVX-512; lengths match.
-        unsafe { gemm(par, &p, &Emu::new, false) };
+        unsafe { gemm_blocked(par, &p, &Emu::new, false, bl) };
         y
     }
 
@@ -557,19 +475,7 @@ mod tests {
             kc: 1 << 20,
         };
         let go = |bl: Blocking, par: &dyn Parallel| {
-            let mut y = vec![f32::NAN; m * n];
-            let p = Gemm {
-                x: &x,
-                m,
-                k,
-                w: Weights::RowMajor(&w),
-                n,
-                bias: Some(&bias),
-                y: SyncPtr(y.as_mut_ptr()),
-            };
-            // SAFETY: emulated tiles run anywhere; no AVX-512; lengths match.
-            unsafe { gemm_blocked(par, &p, &Emu::new, false, bl) };
-            y
+            run_blocked(par, &x, m, k, Weights::RowMajor(&w), n, Some(&bias), bl)
         };
         let want = go(whole, &Serial);
         for bl in [
@@ -598,30 +504,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// bf16 activations take one pass and give the float32 sums of the bf16 products; float32 ones
-    /// need all three pieces: dropping lo shows (the test of the split itself).
-    #[test]
-    fn split_is_exact_and_counts_pieces() {
-        let mut seed = 11u64;
-        let k = 64;
-        let x: Vec<f32> = (0..k).map(|_| lcg(&mut seed)).collect();
-        let (mut hi, mut mid, mut lo) = (vec![0; k], vec![0; k], vec![0; k]);
-        let (a, b) = split_row(&x, &mut hi, &mut mid, &mut lo);
-        assert!(a && b, "random float32 values need all three pieces");
-        for i in 0..k {
-            let sum = bf16_to_f32(hi[i]) + bf16_to_f32(mid[i]) + bf16_to_f32(lo[i]);
-            assert_eq!(sum.to_bits(), x[i].to_bits(), "{i}: {} != {}", sum, x[i]);
-        }
-        let xb: Vec<f32> = x.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect();
-        assert_eq!(split_row(&xb, &mut hi, &mut mid, &mut lo), (false, false));
-        let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -0.0, 1e-40];
-        split_row(&specials, &mut hi[..5], &mut mid[..5], &mut lo[..5]);
-        assert_eq!(&hi[..2], &[0x7f80, 0xff80]);
-        assert!(bf16_to_f32(hi[2]).is_nan());
-        assert_eq!(hi[3], 0x8000);
-        assert_eq!((&mid[..3], &lo[..3]), (&[0u16; 3][..], &[0u16; 3][..]));
     }
 
     /// The AVX512-BF16 tiles (`vdpbf16ps`) over awkward shapes: the emulation of the instruction (any
