@@ -332,17 +332,11 @@ unsafe impl Sync for SyncSplit {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::amx::bf16_split::lcg;
     use crate::amx::Emu;
     use crate::bf16::{bf16_to_f32, f32_to_bf16};
     use crate::panel::PanelWeight;
     use crate::par::{ScopedThreads, Serial};
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
 
     /// y in float64 from the same (bf16) weights and float32 activations.
     fn reference(

@@ -106,17 +106,19 @@ pub(super) unsafe fn split_rows_avx512(
     unsafe { split_rows(x, k, m, rows, m_pad, kp, ld, out) }
 }
 
+/// Test values in [-1, 1) from a seeded LCG (this file's and `bf16_gemm`'s tests).
+#[cfg(test)]
+pub(super) fn lcg(seed: &mut u64) -> f32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::bf16::{bf16_to_f32, f32_to_bf16};
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
 
     /// bf16 activations take one pass and give the float32 sums of the bf16 products; float32 ones
     /// need all three pieces: dropping lo shows (the test of the split itself).
