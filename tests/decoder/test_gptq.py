@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from family_cases import tiny
+from fixtures.family_cases import tiny
 from test_decoder import family_model, hf_logits
 from test_quant import BOUND, kl
 

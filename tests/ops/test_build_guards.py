@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
 
 @pytest.mark.skipif(shutil.which("cargo") is None, reason="needs the Rust toolchain that builds kwker")

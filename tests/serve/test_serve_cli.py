@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from tiny_model import tiny_model
+from fixtures.tiny_model import tiny_model
 
 from kwker_torch.serve.background import free_port
 

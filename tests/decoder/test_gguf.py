@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from gguf_files import write_gguf
+from fixtures.gguf_files import write_gguf
 
 from kwker_torch import KwkDecoder
 

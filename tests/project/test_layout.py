@@ -1,5 +1,7 @@
 """The Python side's layout holds: a package per subsystem, product modules that never import the test helpers,
-no file over 600 lines, and the old public names still the same objects as the new ones."""
+no file over 600 lines, the old public names still the same objects as the new ones, and the tests mirrored:
+every test file in the folder of the subsystem it tests, each name once, every path to one that a page or a
+comment gives still there."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "kwker_torch"
 # The compatibility module `kwker_torch.models` re-exports the test helpers on purpose (scripts, notebooks).
 ALLOWED = {PACKAGE / "models.py"}
@@ -106,3 +108,49 @@ def test_no_import_cycle_in_the_decoder_packages() -> None:
         graph[m] = {n for n in names if n in rs and n != m}
     assert graph["layer"], "the scan found no `use super::` in layer.rs"
     assert not _cycles(graph), f"rust/src/decoder import cycles: {_cycles(graph)}"
+
+
+# Test folders besides the subsystems' (`tests/<subpackage>/` for each package of kwker_torch that has tests).
+PROJECT_TESTS = {"project"}  # the repository as a whole: docs, this layout, the wheel
+FIXTURES = "fixtures"  # the models and files several folders build, imported as `fixtures.*`
+
+
+def test_tests_mirror_the_subsystems() -> None:
+    """Every test file lives in `tests/<subsystem>/` (a package of kwker_torch) or `tests/project/`, never loose
+    in `tests/`; names are unique across folders (pytest's default import mode, no `__init__.py` in the test
+    folders, imports each file by its name alone); helpers shared by several folders are in `tests/fixtures/`."""
+    tests = ROOT / "tests"
+    subsystems = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    allowed = subsystems | PROJECT_TESTS
+    loose = sorted(p.name for p in tests.glob("*.py") if p.name != "conftest.py")
+    assert not loose, f"tests/ has {loose} directly: test files go in tests/<subsystem>/, helpers in tests/fixtures/"
+    files = sorted(p for p in tests.rglob("test_*.py") if "__pycache__" not in p.parts)
+    assert len(files) > 20, f"the scan found only {files}"
+    for path in files:
+        folder = path.relative_to(tests).parts[0]
+        assert path.parent == tests / folder and folder in allowed, (
+            f"{path.relative_to(ROOT)}: test files live one level down, in one of {sorted(allowed)}"
+        )
+    names = [p.name for p in files]
+    assert len(set(names)) == len(names), f"test file names repeat: {sorted({n for n in names if names.count(n) > 1})}"
+    packages = sorted(p.parent.name for p in tests.rglob("__init__.py") if p.parent.name != FIXTURES)
+    assert not packages, f"tests/{packages} have __init__.py: test folders are not packages"
+    assert (tests / FIXTURES / "__init__.py").is_file()
+
+
+def test_named_test_paths_exist() -> None:
+    """A `tests/...py` path that the pages, the code or a comment names leads to a file (moving a test file
+    means updating who points at it). benchmarks/HISTORY.md records paths as they were and is not read."""
+    sources = [ROOT / "README.md", ROOT / "DEVELOPERS.md", ROOT / "BENCHMARKS.md", ROOT / "requirements.txt",
+               *(ROOT / "docs").glob("*.md"), *(ROOT / "scripts").glob("*"), *(ROOT / "benchmarks").glob("*.py"),
+               *PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "rust").rglob("*.rs"),
+               *(ROOT / "csrc-shim").rglob("*.rs")]  # fmt: skip
+    named = re.compile(r"(?<![\w/.-])tests/[\w/]+\.py\b")
+    missing = sorted(
+        f"{src.relative_to(ROOT)}: {m}"
+        for src in sources
+        if src.is_file()
+        for m in named.findall(src.read_text(errors="replace"))
+        if not (ROOT / m).is_file()
+    )
+    assert not missing, f"paths to test files that do not exist: {missing}"

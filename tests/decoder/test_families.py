@@ -1,4 +1,4 @@
-"""Every family KwkDecoder runs (``tests/family_cases.py``: each published shape made small, plus variants for
+"""Every family KwkDecoder runs (``tests/fixtures/family_cases.py``: each published shape made small, plus variants for
 the optional parts), with float32 and with bf16 weights, against Hugging Face's float32 forward of the same
 model state (``copy.deepcopy(model).float()``, stepped with its own cache, so LongRoPE's switch and the
 rotation cached keys keep are HF's): every step's logits within 1e-5 of the largest logit (measured
@@ -14,7 +14,7 @@ import copy
 
 import pytest
 import torch
-from family_cases import CASES, tiny
+from fixtures.family_cases import CASES, tiny
 
 from kwker_torch import KwkDecoder
 

@@ -218,8 +218,8 @@ def test_unsupported_models_and_config_fields_are_named() -> None:
     from kwker_torch.decoder.compiled import CompiledDecoder
 
     cfg = BloomConfig(hidden_size=64, n_layer=1, n_head=2, vocab_size=128)
-    # A causal LM outside the recipe runs on the compile backend's path (tests/test_compiled_decoder.py); a model that
-    # does not generate is refused by name.
+    # A causal LM outside the recipe runs on the compile backend's path (tests/compile/test_compiled_decoder.py); a
+    # model that does not generate is refused by name.
     assert isinstance(KwkDecoder.from_hf(BloomForCausalLM(cfg)), CompiledDecoder)
     with pytest.raises(ValueError, match="does not run BloomModel \\(model_type='bloom'\\).*torch.compile"):
         KwkDecoder.from_hf(BloomModel(cfg))
@@ -271,7 +271,7 @@ def test_bad_steps_raise_clear_errors_and_leave_the_decoder_usable() -> None:
 
 KV_PROBE = """
 import json, sys, torch
-sys.path.insert(0, "tests")
+sys.path.insert(0, sys.argv[1])  # this test's folder
 from test_decoder import family_model
 from kwker_torch import KwkDecoder
 
@@ -302,10 +302,13 @@ def test_kv_cache_costs_memory_only_where_used() -> None:
     64-position cache and one with 8192; filling one slot then shows its KV becoming resident, so the
     measurement can see KV memory at all."""
     import json
+    import os
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", KV_PROBE], capture_output=True, text=True, timeout=300, check=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", KV_PROBE, here], capture_output=True, text=True, timeout=300,
+                         check=True)  # fmt: skip
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["kv"] == 8 * 2 * 5 * 8192 * 64 * 4
     assert r["small_kv"] == r["kv"] // 128

@@ -19,7 +19,7 @@ import copy
 
 import pytest
 import torch
-from family_cases import CASES, routers, tiny
+from fixtures.family_cases import CASES, routers, tiny
 
 from kwker_torch import KwkDecoder
 from kwker_torch.decoder import families, plan

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import os, sys, subprocess

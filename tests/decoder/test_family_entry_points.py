@@ -19,8 +19,8 @@ from typing import Any
 import openai
 import pytest
 import torch
-from family_cases import CASES, LAYERS, decisive
-from gguf_files import GGUF_ARCH, write_gguf
+from fixtures.family_cases import CASES, LAYERS, decisive
+from fixtures.gguf_files import GGUF_ARCH, write_gguf
 
 from kwker_torch import KwkDecoder, decode
 from kwker_torch.testing import chat_ids, generate_greedy, random_model

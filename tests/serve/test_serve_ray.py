@@ -29,7 +29,7 @@ ray = pytest.importorskip("ray", reason="Ray Serve is not installed: pip install
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ray[serve]'")
 openai = pytest.importorskip("openai", reason="the openai client is not installed: pip install openai")
 
-from tiny_model import tiny_model  # noqa: E402
+from fixtures.tiny_model import tiny_model  # noqa: E402
 
 from kwker_torch.serve.background import free_port  # noqa: E402
 from kwker_torch.serve.options import ServeOptions  # noqa: E402
