@@ -80,16 +80,18 @@ def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_
 def from_hf(
     cls: Any,
     model: torch.nn.Module,
-    precision: str = "preserve",
-    max_batch: int = 1,
-    max_context: int | None = None,
+    precision: str,
+    max_batch: int,
+    max_context: int | None,
     *,
-    calib: str | Sequence[int] | torch.Tensor | None = None,
-    tokenizer: Any | None = None,
-    formats: dict[str, str] | None = None,
-    gptq: bool = False,
-    act_order: bool = False,
+    calib: str | Sequence[int] | torch.Tensor | None,
+    tokenizer: Any | None,
+    formats: dict[str, str] | None,
+    gptq: bool,
+    act_order: bool,
 ) -> Any:
+    """``KwkDecoder.from_hf`` for a model a family maps: every argument as given there (where the defaults and
+    their meaning live), ``cls`` the class to build."""
     if precision not in PRECISIONS:
         raise ValueError(f"kwker: unknown precision {precision!r}; expected one of {PRECISIONS}")
     fam, recipe = check_model(model)

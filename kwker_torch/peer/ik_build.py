@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .build import REQUIREMENTS, cache_root
@@ -105,6 +106,34 @@ def _cmake(tools: Path, log: Path) -> str:
     return str(exe)
 
 
+def build_into(cmake: str, src: Path, args: list[str], targets: Sequence[str], scratch: Path, final: Path, log: Path,
+               what: str) -> None:
+    """Configures ``src`` with ``args`` and builds ``targets`` in ``scratch/build``, copies their binaries into
+    ``scratch/bin``, drops the build tree, then puts ``scratch`` in place of ``final`` (only after all succeeded;
+    ``what`` names the project in errors)."""
+    build = scratch / "build"
+    _run([cmake, "-S", str(src), "-B", str(build), *args], log)
+    jobs = str(os.cpu_count() or 2)
+    _run([cmake, "--build", str(build), "--target", *targets, "-j", jobs], log)
+    (scratch / "bin").mkdir()
+    for t in targets:
+        binary = next(build.glob(f"bin/{t}"), None)
+        if binary is None:
+            raise RuntimeError(f"the {what} build finished but made no bin/{t} under {build}; log {log}")
+        shutil.copy2(binary, scratch / "bin" / t)
+    shutil.rmtree(build)
+    shutil.rmtree(final, ignore_errors=True)
+    scratch.rename(final)
+
+
+def cli(ensure: Callable[[], object], doc: str, argv: list[str] | None = None) -> int:
+    """A peer build module's command line (no options; ``--help`` shows ``doc``'s first line): prints what
+    ``ensure()`` returns, building it first when needed."""
+    argparse.ArgumentParser(description=doc.splitlines()[0]).parse_args(argv)
+    print(ensure())
+    return 0
+
+
 def ensure_ik_llama_bench(version: str | None = None) -> str:
     """Path of ik_llama.cpp's llama-bench for this host, built on first use (see the module doc)."""
     version = version or pinned_version()
@@ -121,27 +150,9 @@ def ensure_ik_llama_bench(version: str | None = None) -> str:
     src = fetch_sdist(PACKAGE, version, scratch, "ik_llama.cpp", log)
     (src / "common" / "cmake").mkdir(exist_ok=True)
     (src / "common" / "cmake" / "build-info-gen-cpp.cmake").write_text(BUILD_INFO_SCRIPT)
-    cmake = _cmake(root / "tools", log)
-    build = scratch / "build"
-    _run([cmake, "-S", str(src), "-B", str(build), *CMAKE_ARGS], log)
-    jobs = str(os.cpu_count() or 2)
-    _run([cmake, "--build", str(build), "--target", "llama-bench", "-j", jobs], log)
-    binary = next(build.glob("bin/llama-bench"), None)
-    if binary is None:
-        raise RuntimeError(f"the ik_llama.cpp build finished but made no bin/llama-bench under {build}; log {log}")
-    (scratch / "bin").mkdir()
-    shutil.copy2(binary, scratch / "bin" / "llama-bench")
-    shutil.rmtree(build)
-    shutil.rmtree(final, ignore_errors=True)
-    scratch.rename(final)
+    build_into(_cmake(root / "tools", log), src, CMAKE_ARGS, ["llama-bench"], scratch, final, log, "ik_llama.cpp")
     return str(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    print(ensure_ik_llama_bench())
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli(ensure_ik_llama_bench, __doc__))

@@ -18,15 +18,13 @@ CLI: ``python -m kwker_torch.peer.tools_build``.
 
 from __future__ import annotations
 
-import argparse
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from .build import PACKAGE, cache_root, cmake_args, pinned_version
-from .ik_build import BUILD_INFO_SCRIPT, _cmake, _run, fetch_sdist
+from .ik_build import BUILD_INFO_SCRIPT, _cmake, build_into, cli, fetch_sdist
 
 TARGETS = ("llama-imatrix", "llama-quantize")
 EXTRA_ARGS = [
@@ -61,22 +59,8 @@ def ensure_llama_tools(version: str | None = None) -> Path:
     if not info.exists():  # as in ik_llama.cpp's sdist: the script that fills build-info.cpp.in
         info.parent.mkdir(exist_ok=True)
         info.write_text(BUILD_INFO_SCRIPT)
-    cmake = _cmake(root / "tools", log)
-    build = scratch / "build"
     isa = [a for a in cmake_args("native").split() if a.startswith("-DGGML_")]
-    _run([cmake, "-S", str(src), "-B", str(build), *EXTRA_ARGS, *isa], log)
-    jobs = str(os.cpu_count() or 2)
-    _run([cmake, "--build", str(build), "--target", *TARGETS, "-j", jobs], log)
-    (scratch / "bin").mkdir()
-    for t in TARGETS:
-        binary = next(build.glob(f"bin/{t}"), None)
-        if binary is None:
-            raise RuntimeError(f"the llama.cpp build finished but made no bin/{t} under {build}; log {log}")
-        shutil.copy2(binary, scratch / "bin" / t)
-    shutil.rmtree(build)
-    final = out.parent
-    shutil.rmtree(final, ignore_errors=True)
-    scratch.rename(final)
+    build_into(_cmake(root / "tools", log), src, [*EXTRA_ARGS, *isa], TARGETS, scratch, out.parent, log, "llama.cpp")
     return out
 
 
@@ -108,11 +92,5 @@ def quantize_with_imatrix(src: str, dst: str, ftype: str, imatrix_file: str, thr
     return quantize(src, dst, ftype, imatrix_file, threads=threads)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    print(ensure_llama_tools())
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli(ensure_llama_tools, __doc__))

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 
@@ -327,31 +328,26 @@ class Worker:
             raise ValueError(
                 f"{what}: {n} tokens do not fit the context ({room} per sequence); load() with n_ctx >= {n}")
 
-    def pp(self, n_tokens: int = 512, warmup: bool = True) -> float:
+    def _bench(self, what: str, test: Callable[[int, Any], None], n_tokens: int, warmup_tokens: int | None) -> float:
+        """Seconds of llama-bench's timed ``test`` of ``n_tokens`` (module doc): the threadpool attached, an
+        untimed warm-up run of ``warmup_tokens`` (None: no warm-up), the memory cleared, then the timed run."""
         self._need_ctx()
-        self._check_room(n_tokens, "pp")
+        self._check_room(n_tokens, what)
         self._attach_threadpool()
         rng = self.np.random.default_rng(_SEED)
-        if warmup:
+        if warmup_tokens is not None:
             self._clear()
-            self._test_prompt(n_tokens, rng)
+            test(warmup_tokens, rng)
         self._clear()
         t0 = time.perf_counter_ns()
-        self._test_prompt(n_tokens, rng)
+        test(n_tokens, rng)
         return (time.perf_counter_ns() - t0) / 1e9
 
+    def pp(self, n_tokens: int = 512, warmup: bool = True) -> float:
+        return self._bench("pp", self._test_prompt, n_tokens, n_tokens if warmup else None)
+
     def tg(self, n_tokens: int = 128, warmup: bool = True) -> float:
-        self._need_ctx()
-        self._check_room(n_tokens, "tg")
-        self._attach_threadpool()
-        rng = self.np.random.default_rng(_SEED)
-        if warmup:
-            self._clear()
-            self._test_gen(1, rng)
-        self._clear()
-        t0 = time.perf_counter_ns()
-        self._test_gen(n_tokens, rng)
-        return (time.perf_counter_ns() - t0) / 1e9
+        return self._bench("tg", self._test_gen, n_tokens, 1 if warmup else None)
 
     def batched(self, n_seq: int, n_prompt: int, n_gen: int) -> dict[str, Any]:
         self._need_ctx()

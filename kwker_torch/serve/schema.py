@@ -12,62 +12,58 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-_CFG = ConfigDict(extra="ignore", strict=True)
 _UNSUPPORTED: dict[str, Any] = {"functions": [], "function_call": None, "best_of": 1, "suffix": ""}
 _INSTEAD = {"functions": " (send 'tools')", "function_call": " (send 'tool_choice')"}
 
 
-class StreamOptions(BaseModel):
-    model_config = _CFG
+class _Strict(BaseModel):
+    """Every request model: unknown fields ignored, known ones strictly typed (see the module doc)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Strict):
     include_usage: bool | None = False
 
 
-class TextPart(BaseModel):
-    model_config = _CFG
+class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
-    model_config = _CFG
+class FunctionCall(_Strict):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
 
-class ToolCall(BaseModel):
-    model_config = _CFG
+class ToolCall(_Strict):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class FunctionSpec(BaseModel):
-    model_config = _CFG
+class FunctionSpec(_Strict):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema object; none: a function without arguments
     strict: bool | None = None
 
 
-class Tool(BaseModel):
-    model_config = _CFG
+class Tool(_Strict):
     type: Literal["function"]
     function: FunctionSpec
 
 
-class NamedFunction(BaseModel):
-    model_config = _CFG
+class NamedFunction(_Strict):
     name: str
 
 
-class NamedToolChoice(BaseModel):
-    model_config = _CFG
+class NamedToolChoice(_Strict):
     type: Literal["function"]
     function: NamedFunction
 
 
-class ChatMessage(BaseModel):
-    model_config = _CFG
+class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -80,8 +76,7 @@ class ChatMessage(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class _Sampling(BaseModel):
-    model_config = _CFG
+class _Sampling(_Strict):
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

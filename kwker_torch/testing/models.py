@@ -23,91 +23,60 @@ PHI4_MINI_LONG_FACTOR = [
     32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
 ]
 
+# Fields that checkpoints of one line share; each config below adds what differs (its own values win).
+_SMOLLM2 = dict(
+    model_type="llama", head_dim=64, vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5,
+    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+)
+_GEMMA3 = dict(
+    model_type="gemma3_text", num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+    max_position_embeddings=32768, rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6,
+    query_pre_attn_scalar=256, sliding_window=512, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+    bos_token_id=2, eos_token_id=[1, 106], pad_token_id=0,
+)
+_FALCON = dict(
+    model_type="falcon", max_position_embeddings=2048, layer_norm_epsilon=1e-5, activation="gelu",
+    tie_word_embeddings=True,
+)
+# tiiuae/falcon-7b and falcon-40b: multi-query parallel blocks, no biases, their tokenizer.
+_FALCON_PARALLEL = dict(
+    _FALCON, vocab_size=65024, multi_query=True, parallel_attn=True, alibi=False, bias=False, bos_token_id=11,
+    eos_token_id=11,
+)
+_OPT = dict(
+    model_type="opt", vocab_size=50272, max_position_embeddings=2048, activation_function="relu", bos_token_id=2,
+    eos_token_id=2, pad_token_id=1,
+)
+
 # Exact published shapes (config.json of each model on the Hugging Face hub).
 CONFIGS: dict[str, dict[str, Any]] = {
     "SmolLM2-360M": dict(
-        model_type="llama",
-        hidden_size=960,
-        intermediate_size=2560,
-        num_hidden_layers=32,
-        num_attention_heads=15,
-        num_key_value_heads=5,
-        head_dim=64,
-        vocab_size=49152,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
+        _SMOLLM2, hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+        num_key_value_heads=5, rope_theta=100000.0,
     ),
     "SmolLM2-1.7B": dict(
-        model_type="llama",
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=24,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        head_dim=64,
-        vocab_size=49152,
-        max_position_embeddings=8192,
-        rope_theta=130000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
+        _SMOLLM2, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+        num_key_value_heads=32, rope_theta=130000.0,
     ),
     "Qwen2.5-0.5B": dict(
-        model_type="qwen2",
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        use_sliding_window=False,
-        bos_token_id=151643,
+        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False, bos_token_id=151643,
         eos_token_id=151643,
     ),
     "Llama-3.2-1B": dict(
-        model_type="llama",
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        vocab_size=128256,
-        max_position_embeddings=131072,
-        rope_theta=500000.0,
+        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
         rope_scaling=dict(
             rope_type="llama3", factor=32.0, high_freq_factor=4.0, low_freq_factor=1.0,
             original_max_position_embeddings=8192,
         ),  # fmt: skip
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=128000,
-        eos_token_id=128001,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
     ),
     "Mistral-7B-v0.1": dict(
-        model_type="mistral",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=32000,
-        max_position_embeddings=32768,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        sliding_window=4096,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
+        model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=32000, max_position_embeddings=32768, rope_theta=10000.0,
+        rms_norm_eps=1e-5, sliding_window=4096, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
     ),
     "Qwen3-0.6B": dict(
         model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -115,20 +84,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
         max_window_layers=28, bos_token_id=151643, eos_token_id=151645,
     ),
-    "Gemma-3-1B": dict(
-        model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
-        rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6, query_pre_attn_scalar=256,
-        sliding_window=512, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2,
-        eos_token_id=[1, 106], pad_token_id=0,
-    ),
-    "Gemma-3-270M": dict(
-        model_type="gemma3_text", hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144, max_position_embeddings=32768,
-        rope_theta=1000000.0, rope_local_base_freq=10000.0, rms_norm_eps=1e-6, query_pre_attn_scalar=256,
-        sliding_window=512, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2,
-        eos_token_id=[1, 106], pad_token_id=0,
-    ),
+    "Gemma-3-1B": dict(_GEMMA3, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26),
+    "Gemma-3-270M": dict(_GEMMA3, hidden_size=640, intermediate_size=2048, num_hidden_layers=18),
     "Gemma-2-2B": dict(
         model_type="gemma2", hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
         num_key_value_heads=4, head_dim=256, vocab_size=256000, max_position_embeddings=8192, rope_theta=10000.0,
@@ -187,25 +144,20 @@ CONFIGS: dict[str, dict[str, Any]] = {
     ),
     # tiiuae/falcon-7b: multi-query attention, one shared LayerNorm per parallel block, no biases.
     "Falcon-7B": dict(
-        model_type="falcon", hidden_size=4544, num_hidden_layers=32, num_attention_heads=71, num_kv_heads=71,
-        vocab_size=65024, max_position_embeddings=2048, layer_norm_epsilon=1e-5, multi_query=True, parallel_attn=True,
-        new_decoder_architecture=False, alibi=False, bias=False, ffn_hidden_size=18176, activation="gelu",
-        bos_token_id=11, eos_token_id=11, tie_word_embeddings=True,
+        _FALCON_PARALLEL, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71, num_kv_heads=71,
+        new_decoder_architecture=False, ffn_hidden_size=18176,
     ),
     # tiiuae/falcon-40b's block (new_decoder_architecture: 8 k/v groups, ln_attn and ln_mlp), its width.
     "Falcon-40B": dict(
-        model_type="falcon", hidden_size=8192, num_hidden_layers=60, num_attention_heads=128, num_kv_heads=8,
-        vocab_size=65024, max_position_embeddings=2048, layer_norm_epsilon=1e-5, multi_query=True, parallel_attn=True,
-        new_decoder_architecture=True, alibi=False, bias=False, ffn_hidden_size=32768, activation="gelu",
-        bos_token_id=11, eos_token_id=11, tie_word_embeddings=True,
+        _FALCON_PARALLEL, hidden_size=8192, num_hidden_layers=60, num_attention_heads=128, num_kv_heads=8,
+        new_decoder_architecture=True, ffn_hidden_size=32768,
     ),
     # tiiuae/falcon-rw-1b: sequential blocks, one k/v head per query head, biases; its ALiBi is not in the recipe
     # (the compile backend's path runs it), so the family's tests use its shape with rotary positions.
     "Falcon-RW-1B": dict(
-        model_type="falcon", hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, num_kv_heads=32,
-        vocab_size=50304, max_position_embeddings=2048, layer_norm_epsilon=1e-5, multi_query=False, parallel_attn=False,
-        new_decoder_architecture=False, alibi=True, bias=True, ffn_hidden_size=8192, activation="gelu",
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+        _FALCON, hidden_size=2048, num_hidden_layers=24, num_attention_heads=32, num_kv_heads=32, vocab_size=50304,
+        multi_query=False, parallel_attn=False, new_decoder_architecture=False, alibi=True, bias=True,
+        ffn_hidden_size=8192, bos_token_id=1, eos_token_id=2,
     ),
     "Phi-2": dict(
         model_type="phi", hidden_size=2560, intermediate_size=10240, num_hidden_layers=32, num_attention_heads=32,
@@ -214,9 +166,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False, bos_token_id=50256, eos_token_id=50256,
     ),
     "OPT-125m": dict(
-        model_type="opt", hidden_size=768, ffn_dim=3072, num_hidden_layers=12, num_attention_heads=12,
-        vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=768, do_layer_norm_before=True,
-        activation_function="relu", bos_token_id=2, eos_token_id=2, pad_token_id=1,
+        _OPT, hidden_size=768, ffn_dim=3072, num_hidden_layers=12, num_attention_heads=12, word_embed_proj_dim=768,
+        do_layer_norm_before=True,
     ),
     # Mixtures of experts.
     "Granite-3.1-1B-A400M": dict(
@@ -261,18 +212,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
         eos_token_id=50256,
     ),
     "OPT-350m": dict(
-        model_type="opt", hidden_size=1024, ffn_dim=4096, num_hidden_layers=24, num_attention_heads=16,
-        vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=512, do_layer_norm_before=False,
-        activation_function="relu", bos_token_id=2, eos_token_id=2, pad_token_id=1,
+        _OPT, hidden_size=1024, ffn_dim=4096, num_hidden_layers=24, num_attention_heads=16, word_embed_proj_dim=512,
+        do_layer_norm_before=False,
     ),
     "GPT-2": dict(
-        model_type="gpt2",
-        n_embd=768,
-        n_layer=12,
-        n_head=12,
-        n_positions=1024,
-        vocab_size=50257,
-        bos_token_id=50256,
+        model_type="gpt2", n_embd=768, n_layer=12, n_head=12, n_positions=1024, vocab_size=50257, bos_token_id=50256,
         eos_token_id=50256,
     ),
 }

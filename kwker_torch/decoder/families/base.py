@@ -161,6 +161,21 @@ def layer_spec(scale: float, window: int | None = None, rope: int = 0) -> dict[s
     return {"window": window, "rope": rope, "attn_scale": float(scale)}
 
 
+def head_layer_norms(f: Fields, bias: bool, per_head_weights: bool) -> dict[str, Any] | None:
+    """The optional q/k LayerNorms over each head (``qk_layernorm``, eps ``layer_norm_eps``; Phi-2, StableLM):
+    with or without bias, one weight for all heads or one per head."""
+    if not f["qk_layernorm"]:
+        return None
+    return {"norm": norm("layer", f["layer_norm_eps"], weight=True, bias=bias), "scope": "head",
+            "per_head_weights": per_head_weights}  # fmt: skip
+
+
+def window_every_layer(f: Fields, layers: int) -> list[int | None]:
+    """Per layer: the sliding window (``sliding_window``) on every layer when set, else none."""
+    w = f["sliding_window"]
+    return [int(w) if w else None] * layers
+
+
 def windows_from_types(f: Fields, layers: int) -> list[int | None]:
     """Per layer: the sliding window (``sliding_window``) where ``layer_types`` says sliding_attention."""
     types = f["layer_types"] or ["full_attention"] * layers

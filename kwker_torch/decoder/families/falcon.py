@@ -32,20 +32,10 @@ class Falcon(LlamaStyle):
     name = "Falcon"
     model_types = ("falcon",)
     FINAL_NORM = "ln_f"
+    INNER, EMBED, LAYERS, ATTN, OUT_PROJ = "transformer", "word_embeddings", "h", "self_attention", "dense"
+    UPS, DOWN = ("dense_h_to_4h",), "dense_4h_to_h"
     gated = False
     act_field = "activation"
-
-    def inner(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model.transformer
-
-    def embedding(self, inner: torch.nn.Module) -> torch.nn.Module:
-        return inner.word_embeddings
-
-    def layers(self, inner: torch.nn.Module) -> list[torch.nn.Module]:
-        return list(inner.h)
-
-    def attention(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return layer.self_attention
 
     def inert(self) -> frozenset[str]:
         # Dropouts (inference), the initialiser's range, and the cache switch do not change a forward.
@@ -117,12 +107,6 @@ class Falcon(LlamaStyle):
         weight = order(p.weight.detach())
         bias = order(p.bias.detach().float()) if p.bias is not None else None
         return weight.contiguous(), bias, p
-
-    def out_proj(self, a: torch.nn.Module) -> torch.nn.Module:
-        return a.dense
-
-    def mlp_mats(self, layer: torch.nn.Module) -> tuple[list[torch.nn.Module], torch.nn.Module]:
-        return [layer.mlp.dense_h_to_4h], layer.mlp.dense_4h_to_h
 
 
 FAMILIES = (Falcon(),)

@@ -3,8 +3,9 @@
 blocks. Llama / SmolLM2, Mistral, Qwen2 / Qwen2.5, Qwen3, Granite, OLMo, OLMo2, StarCoder2, and Gemma 2 /
 Gemma 3 (``gemma.py`` subclasses ``LlamaStyle``).
 
-``LlamaStyle`` holds the shared reading; each family names what differs: its norm, where its norm modules
-sit (``NORMS``: table name -> module attribute), q/k norms, windows, scalars and inert fields.
+``LlamaStyle`` holds the shared reading; each family names what differs: its modules' attribute names (``INNER``
+... ``DOWN``), its norm, where its norm modules sit (``NORMS``: table name -> module attribute), q/k norms,
+windows, scalars and inert fields.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .base import (
     rope_table,
     scaling,
     tied,
+    window_every_layer,
     windows_from_types,
 )  # fmt: skip
 from .fields import Fields, has_field
@@ -42,22 +44,32 @@ class LlamaStyle(Family):
     # Table name of each q/k norm -> the attention module's attribute.
     QK_NORMS: dict[str, str] = {"q_norm": "q_norm", "k_norm": "k_norm"}
     FINAL_NORM = "norm"
+    # The model's layout, by attribute name: the causal LM's inner model, the inner model's token embedding and
+    # layer list, a layer's attention, the attention's output projection, and in the layer's ``mlp`` its first
+    # projection(s) (stacked in this order: [gate; up] when gated) and its down projection.
+    INNER = "model"
+    EMBED = "embed_tokens"
+    LAYERS = "layers"
+    ATTN = "self_attn"
+    OUT_PROJ = "o_proj"
+    UPS: tuple[str, ...] = ("gate_proj", "up_proj")
+    DOWN = "down_proj"
     placement = "pre"
     gated = True
     act_field = "hidden_act"
 
     # ---- the model's layout
     def inner(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model.model
+        return getattr(model, self.INNER)
 
     def embedding(self, inner: torch.nn.Module) -> torch.nn.Module:
-        return inner.embed_tokens
+        return getattr(inner, self.EMBED)
 
     def layers(self, inner: torch.nn.Module) -> list[torch.nn.Module]:
-        return list(inner.layers)
+        return list(getattr(inner, self.LAYERS))
 
     def attention(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return layer.self_attn
+        return getattr(layer, self.ATTN)
 
     def qkv(self, a: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.nn.Module]:
         """The fused q/k/v weight [q; k; v], its bias (or None), and the module whose input it reads."""
@@ -65,12 +77,12 @@ class LlamaStyle(Family):
         return cat(*[p.weight for p in parts]), fused_bias(*parts), a.q_proj
 
     def out_proj(self, a: torch.nn.Module) -> torch.nn.Module:
-        return a.o_proj
+        return getattr(a, self.OUT_PROJ)
 
     def mlp_mats(self, layer: torch.nn.Module) -> tuple[list[torch.nn.Module], torch.nn.Module]:
-        """The MLP's first projection(s), stacked [gate; up] when gated, and its down projection."""
+        """The MLP's first projection(s) (``UPS``, stacked in that order) and its down projection."""
         m = layer.mlp
-        return ([m.gate_proj, m.up_proj], m.down_proj) if self.gated else ([m.c_fc], m.c_proj)
+        return [getattr(m, name) for name in self.UPS], getattr(m, self.DOWN)
 
     # ---- the recipe's parts a family overrides
     def norm(self, f: Fields) -> dict[str, Any]:
@@ -233,8 +245,7 @@ class Mistral(LlamaStyle):
     model_types = ("mistral",)
 
     def windows(self, f: Fields, layers: int) -> list[int | None]:
-        w = f["sliding_window"]
-        return [int(w) if w else None] * layers
+        return window_every_layer(f, layers)
 
 
 class Qwen2(LlamaStyle):
@@ -300,6 +311,7 @@ class Starcoder2(LlamaStyle):
 
     name = "StarCoder2"
     model_types = ("starcoder2",)
+    UPS, DOWN = ("c_fc",), "c_proj"
     gated = False
 
     def norm(self, f: Fields) -> dict[str, Any]:
@@ -309,8 +321,7 @@ class Starcoder2(LlamaStyle):
         f["use_bias"]
 
     def windows(self, f: Fields, layers: int) -> list[int | None]:
-        w = f["sliding_window"]
-        return [int(w) if w else None] * layers
+        return window_every_layer(f, layers)
 
 
 FAMILIES: tuple[Family, ...] = (Llama(), Mistral(), Qwen2(), Qwen3(), Granite(), Olmo(), Olmo2(), Starcoder2())

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .base import Family, Source, f32, norm
+from .base import Family, Source, f32, norm, window_every_layer
 from .fields import Fields
 from .llama import Granite, LlamaStyle, Qwen3
 
@@ -105,8 +105,7 @@ class Mixtral(Mixture):
         return {"softmax_topk": {"renormalize": True}}
 
     def windows(self, f: Fields, layers: int) -> list[int | None]:
-        w = f["sliding_window"]
-        return [int(w) if w else None] * layers
+        return window_every_layer(f, layers)
 
 
 class Qwen3Moe(Mixture, Qwen3):
@@ -129,8 +128,7 @@ class Qwen3Moe(Mixture, Qwen3):
 
     def windows(self, f: Fields, layers: int) -> list[int | None]:
         f["use_sliding_window"]  # folded into sliding_window by the config
-        w = f["sliding_window"]
-        return [int(w) if w else None] * layers
+        return window_every_layer(f, layers)
 
 
 class GraniteMoe(Mixture, Granite):

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .base import Source, norm
+from .base import Source, head_layer_norms, norm
 from .fields import Fields
 from .llama import LlamaStyle
 
@@ -25,16 +25,9 @@ class GptNeox(LlamaStyle):
     name = "GPT-NeoX"
     model_types = ("gpt_neox",)
     FINAL_NORM = "final_layer_norm"
+    INNER, EMBED, ATTN, OUT_PROJ = "gpt_neox", "embed_in", "attention", "dense"
+    UPS, DOWN = ("dense_h_to_4h",), "dense_4h_to_h"
     gated = False
-
-    def inner(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model.gpt_neox
-
-    def embedding(self, inner: torch.nn.Module) -> torch.nn.Module:
-        return inner.embed_in
-
-    def attention(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return layer.attention
 
     def inert(self) -> frozenset[str]:
         return frozenset({"is_decoder"})
@@ -58,12 +51,6 @@ class GptNeox(LlamaStyle):
             bias = torch.cat([b[:, j].reshape(-1) for j in range(3)])
         return weight.contiguous(), bias, p
 
-    def out_proj(self, a: torch.nn.Module) -> torch.nn.Module:
-        return a.dense
-
-    def mlp_mats(self, layer: torch.nn.Module) -> tuple[list[torch.nn.Module], torch.nn.Module]:
-        return [layer.mlp.dense_h_to_4h], layer.mlp.dense_4h_to_h
-
 
 class StableLm(LlamaStyle):
     name = "StableLM"
@@ -77,11 +64,8 @@ class StableLm(LlamaStyle):
         f["use_qkv_bias"]
 
     def qk_norm(self, f: Fields) -> dict[str, Any] | None:
-        if not f["qk_layernorm"]:
-            return None
         # StableLmLayerNormPerHead: one nn.LayerNorm(head_dim, bias=False) per head.
-        return {"norm": norm("layer", f["layer_norm_eps"], weight=True, bias=False), "scope": "head",
-                "per_head_weights": True}  # fmt: skip
+        return head_layer_norms(f, bias=False, per_head_weights=True)
 
     def block(self, f: Fields) -> Any:
         if f["use_parallel_residual"]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .base import cat, fused_bias, norm
+from .base import fused_bias, head_layer_norms, norm, window_every_layer
 from .fields import Fields
 from .llama import LlamaStyle
 
@@ -23,18 +23,15 @@ from .llama import LlamaStyle
 class Phi3(LlamaStyle):
     name = "Phi-3"
     model_types = ("phi3",)
+    UPS = ("gate_up_proj",)  # already [gate; up]
 
     def qkv(self, a: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.nn.Module]:
         p = a.qkv_proj
         return p.weight, fused_bias(p), p
 
-    def mlp_mats(self, layer: torch.nn.Module) -> tuple[list[torch.nn.Module], torch.nn.Module]:
-        return [layer.mlp.gate_up_proj], layer.mlp.down_proj
-
     def windows(self, f: Fields, layers: int) -> list[int | None]:
         f["original_max_position_embeddings"]  # LongRoPE's switch: read with rope_parameters
-        w = f["sliding_window"]
-        return [int(w) if w else None] * layers
+        return window_every_layer(f, layers)
 
 
 class Phi(LlamaStyle):
@@ -43,29 +40,18 @@ class Phi(LlamaStyle):
     NORMS = {"attn_norm": "input_layernorm"}
     QK_NORMS = {"q_norm": "q_layernorm", "k_norm": "k_layernorm"}
     FINAL_NORM = "final_layernorm"
+    OUT_PROJ = "dense"
+    UPS, DOWN = ("fc1",), "fc2"
     gated = False
 
     def norm(self, f: Fields) -> dict[str, Any]:
         return norm("layer", f["layer_norm_eps"], weight=True, bias=True)
 
     def qk_norm(self, f: Fields) -> dict[str, Any] | None:
-        if not f["qk_layernorm"]:
-            return None
-        return {"norm": norm("layer", f["layer_norm_eps"], weight=True, bias=True), "scope": "head",
-                "per_head_weights": False}  # fmt: skip
+        return head_layer_norms(f, bias=True, per_head_weights=False)
 
     def block(self, f: Fields) -> Any:
         return {"parallel": {"shared_norm": True, "residual_last": True}}
-
-    def out_proj(self, a: torch.nn.Module) -> torch.nn.Module:
-        return a.dense
-
-    def mlp_mats(self, layer: torch.nn.Module) -> tuple[list[torch.nn.Module], torch.nn.Module]:
-        return [layer.mlp.fc1], layer.mlp.fc2
-
-    def qkv(self, a: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None, torch.nn.Module]:
-        parts = (a.q_proj, a.k_proj, a.v_proj)
-        return cat(*[p.weight for p in parts]), fused_bias(*parts), a.q_proj
 
 
 FAMILIES = (Phi3(), Phi())
