@@ -13,8 +13,11 @@
 //! float32-exact products of an exact bf16 split of x, float32 sums in the tiles' order).
 //!
 //! Numerical contract: every product is exact (bf16 widens exactly), every sum f32; an output is the
-//! sum over k blocks of `KC` (or all of k for few rows) of in-order partial sums, then the bias. Tiers
-//! differ from the scalar reference only in that blocking and in fused multiply-add rounding.
+//! sum over k blocks of `KC` of in-order partial sums, then the bias, whatever the number of rows: a
+//! row's outputs do not depend on the rows beside it in a call, so a sequence's logits are the same
+//! bits alone or batched with others (the server's concurrent requests, verified drafts). Tiers
+//! differ from the scalar reference only in fused multiply-add rounding. The exception: the `amx`
+//! tier's GEMM for calls of many rows (`amx::bf16_gemm`) sums in its tiles' order.
 
 mod generic;
 
@@ -35,8 +38,6 @@ use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
 pub const PANEL: usize = 32;
 /// k block of the GEMM path (a 256 x 32 bf16 panel block is 16 KB: it stays in L1).
 pub(crate) const KC: usize = 256;
-/// Up to this many x rows run over the whole of k with their accumulators in registers.
-pub(crate) const SMALL_M: usize = 4;
 /// Below this many multiply-adds per task, splitting further costs more than it saves.
 const MIN_FMAS_PER_TASK: usize = 1 << 17;
 

@@ -9,10 +9,10 @@
 //!
 //! Contract: with temperature 0 the tokens are the argmax of the decoder's logits at every position,
 //! so they equal a step-by-step greedy loop over `Decoder::step`, drafts or not. A verified row's
-//! logits equal the same row's in a one-token step up to f32 summation order (steps of more than
-//! `SMALL_M` rows sum k in blocks; measured differences are ~1e-6 of the largest logit), so a token
-//! could differ only where two logits tie that closely; sampling with drafts keeps the model's
-//! distribution (not the seed's exact text). A
+//! logits are the same bits as that row's in a one-token step (every linear, attention and
+//! quantized kernel computes a row as it would alone; the one exception is the `amx` tier's bf16
+//! GEMM for linears of many rows, whose tiles sum in their own order), and sampling with drafts
+//! keeps the model's distribution (not the seed's exact text). A
 //! sequence's slot ends holding its prompt and every new token but the last (a stop token's K/V is
 //! not written: nothing follows it), whether or not drafts were tried.
 

@@ -3,14 +3,13 @@
 //! rows h*8..h*8+8, `& 0xffff0000` rows 16+h*8..; see the layout in `panel.rs`). Up to 6 x rows share
 //! each load (12 accumulators).
 //!
-//! Numerical contract: f32 FMA accumulation in k order per accumulator; one row sums even-k and
-//! odd-k products separately and adds them at the end; the GEMM path adds each `KC` block's sum to
-//! the output in k order; the bias last.
+//! Numerical contract (`panel.rs`'s, the same for every row count): each `KC` block of k summed by
+//! f32 FMA in k order from zero, the blocks' sums added in k order, the bias last.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Job, PanelWeight, KC, PANEL, SMALL_M};
+use super::{Job, PanelWeight, KC, PANEL};
 
 const MR: usize = 6;
 /// Panel lines prefetched ahead (as in the AVX-512 tier).
@@ -68,7 +67,8 @@ unsafe fn micro<const BF16: bool, const M: usize>(
     acc[..M].copy_from_slice(&a);
 }
 
-/// One x row, half `h`, over the whole of k (two accumulator pairs, prefetch).
+/// One x row, half `h`, over the whole of k with prefetch, in `KC` blocks summed as the GEMM path
+/// sums them (so a row's outputs do not depend on how many rows its call has).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn one_row<const BF16: bool>(
@@ -78,30 +78,28 @@ unsafe fn one_row<const BF16: bool>(
     h: usize,
 ) -> [__m256; 2] {
     let line = if BF16 { 64 } else { 128 };
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let (mut b0, mut b1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut kk = 0;
-    while kk + 2 <= k {
-        if h == 0 {
-            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add((kk + PREFETCH_ONE) * line).cast());
+    let mut total = [_mm256_setzero_ps(); 2];
+    let mut k0 = 0;
+    while k0 < k {
+        let end = (k0 + KC).min(k);
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for kk in k0..end {
+            if h == 0 {
+                _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add((kk + PREFETCH_ONE) * line).cast());
+            }
+            let (lo, hi) = load16::<BF16>(w, kk, h);
+            let xb = _mm256_set1_ps(*x.add(kk));
+            a0 = _mm256_fmadd_ps(xb, lo, a0);
+            a1 = _mm256_fmadd_ps(xb, hi, a1);
         }
-        let (lo, hi) = load16::<BF16>(w, kk, h);
-        let xb = _mm256_set1_ps(*x.add(kk));
-        a0 = _mm256_fmadd_ps(xb, lo, a0);
-        a1 = _mm256_fmadd_ps(xb, hi, a1);
-        let (lo, hi) = load16::<BF16>(w, kk + 1, h);
-        let xb = _mm256_set1_ps(*x.add(kk + 1));
-        b0 = _mm256_fmadd_ps(xb, lo, b0);
-        b1 = _mm256_fmadd_ps(xb, hi, b1);
-        kk += 2;
+        total = if k0 == 0 {
+            [a0, a1]
+        } else {
+            [_mm256_add_ps(total[0], a0), _mm256_add_ps(total[1], a1)]
+        };
+        k0 = end;
     }
-    if kk < k {
-        let (lo, hi) = load16::<BF16>(w, kk, h);
-        let xb = _mm256_set1_ps(*x.add(kk));
-        a0 = _mm256_fmadd_ps(xb, lo, a0);
-        a1 = _mm256_fmadd_ps(xb, hi, a1);
-    }
-    [_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1)]
+    total
 }
 
 /// Stores (or adds) 8 outputs at column `col` of row `i`, keeping columns < n.
@@ -155,10 +153,9 @@ unsafe fn run<const BF16: bool>(job: &Job<'_>, base: *const u8, panels: Range<us
                 store8(job, 0, c_hi, hi, false, true);
                 continue;
             }
-            let kc = if m <= SMALL_M { k } else { KC };
             let mut k0 = 0;
             while k0 < k {
-                let kb = kc.min(k - k0);
+                let kb = KC.min(k - k0);
                 let last = k0 + kb == k;
                 let mut i = 0;
                 while i < m {

@@ -2,17 +2,15 @@
 //! vectors per x row; up to 12 x rows share each loaded panel line (24 accumulators).
 //!
 //! bf16 panels: one 64-byte load holds a k step of 32 rows; `<< 16` gives rows 0-15, `& 0xffff0000`
-//! rows 16-31 (see the layout in `panel.rs`). Few rows (m <= SMALL_M) run over the whole of k; one row
-//! keeps two accumulator pairs (even and odd k) so the FMA latency does not bound the stream.
+//! rows 16-31 (see the layout in `panel.rs`). One row streams the panels with its own prefetch.
 //!
-//! Numerical contract: f32 FMA accumulation in k order per accumulator; the single-row path sums
-//! even-k and odd-k products separately and adds the two at the end; the GEMM path adds each
-//! `KC` block's sum to the output in k order; the bias last.
+//! Numerical contract (`panel.rs`'s, the same for every row count): each `KC` block of k summed by
+//! f32 FMA in k order from zero, the blocks' sums added in k order, the bias last.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Job, PanelWeight, KC, PANEL, SMALL_M};
+use super::{Job, PanelWeight, KC, PANEL};
 
 /// x rows per GEMM register tile.
 const MR: usize = 12;
@@ -67,33 +65,32 @@ unsafe fn micro<const BF16: bool, const M: usize>(
     acc[..M].copy_from_slice(&a);
 }
 
-/// One x row over the whole of k: a memory-bound stream with two accumulator pairs and prefetch.
+/// One x row over the whole of k: a memory-bound stream with prefetch, in `KC` blocks summed as the
+/// GEMM path sums them (so a row's outputs do not depend on how many rows its call has).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
 unsafe fn one_row<const BF16: bool>(x: *const f32, w: *const u8, k: usize) -> [__m512; 2] {
     let line = if BF16 { 64 } else { 128 };
-    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let (mut b0, mut b1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut kk = 0;
-    while kk + 2 <= k {
-        _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add((kk + PREFETCH_ONE) * line).cast());
-        let (lo, hi) = load32::<BF16>(w, kk);
-        let xb = _mm512_set1_ps(*x.add(kk));
-        a0 = _mm512_fmadd_ps(xb, lo, a0);
-        a1 = _mm512_fmadd_ps(xb, hi, a1);
-        let (lo, hi) = load32::<BF16>(w, kk + 1);
-        let xb = _mm512_set1_ps(*x.add(kk + 1));
-        b0 = _mm512_fmadd_ps(xb, lo, b0);
-        b1 = _mm512_fmadd_ps(xb, hi, b1);
-        kk += 2;
+    let mut total = [_mm512_setzero_ps(); 2];
+    let mut k0 = 0;
+    while k0 < k {
+        let end = (k0 + KC).min(k);
+        let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for kk in k0..end {
+            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add((kk + PREFETCH_ONE) * line).cast());
+            let (lo, hi) = load32::<BF16>(w, kk);
+            let xb = _mm512_set1_ps(*x.add(kk));
+            a0 = _mm512_fmadd_ps(xb, lo, a0);
+            a1 = _mm512_fmadd_ps(xb, hi, a1);
+        }
+        total = if k0 == 0 {
+            [a0, a1]
+        } else {
+            [_mm512_add_ps(total[0], a0), _mm512_add_ps(total[1], a1)]
+        };
+        k0 = end;
     }
-    if kk < k {
-        let (lo, hi) = load32::<BF16>(w, kk);
-        let xb = _mm512_set1_ps(*x.add(kk));
-        a0 = _mm512_fmadd_ps(xb, lo, a0);
-        a1 = _mm512_fmadd_ps(xb, hi, a1);
-    }
-    [_mm512_add_ps(a0, b0), _mm512_add_ps(a1, b1)]
+    total
 }
 
 /// Writes (or adds to) the 32 outputs of row `i`, columns `col..`, keeping columns < n.
@@ -149,10 +146,9 @@ unsafe fn run<const BF16: bool>(job: &Job<'_>, base: *const u8, panels: Range<us
             store(job, 0, col, one_row::<BF16>(x, w, k), false, true);
             continue;
         }
-        let kc = if m <= SMALL_M { k } else { KC };
         let mut k0 = 0;
         while k0 < k {
-            let kb = kc.min(k - k0);
+            let kb = KC.min(k - k0);
             let last = k0 + kb == k;
             let mut i = 0;
             while i < m {

@@ -1,12 +1,12 @@
 //! Portable scalar tier of `panel_linear`, and the test oracle for the SIMD tiers.
 //!
 //! Numerical contract: each output sums its k products in order (plain multiply and add, no fused
-//! multiply-add), in one run for up to `SMALL_M` x rows, else in blocks of `KC` whose sums are
-//! added to the output in k order; then the bias.
+//! multiply-add) in blocks of `KC` whose sums are added to the output in k order, for every number
+//! of x rows; then the bias.
 
 use std::ops::Range;
 
-use super::{slot, Job, PanelWeight, KC, PANEL, SMALL_M};
+use super::{slot, Job, PanelWeight, KC, PANEL};
 use crate::bf16::bf16_to_f32;
 
 /// Weight (row j of the panel, column kk) of panel `p`, widened.
@@ -23,7 +23,7 @@ fn weight(w: &PanelWeight, p: usize, j: usize, kk: usize) -> f32 {
 /// `panels` concurrently.
 pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
     let (n, k) = (job.w.n(), job.w.k());
-    let kc = if job.m <= SMALL_M { k } else { KC };
+    let kc = KC;
     for p in panels {
         for j in 0..PANEL.min(n - p * PANEL) {
             let col = p * PANEL + j;
