@@ -25,6 +25,8 @@ pub struct KwkGenParams {
     pub seed: u64,
     /// Most drafts per step (prompt lookup); 0 = off.
     pub max_draft: i64,
+    /// 0 = no min-p cut.
+    pub min_p: f64,
 }
 
 type TokenCallback = Option<extern "C" fn(seq: i64, token: i64, user: *mut c_void) -> i32>;
@@ -296,6 +298,7 @@ pub unsafe extern "C" fn kwker_decoder_generate(
                 temperature: p.temperature as f32,
                 top_k: size(p.top_k, "top_k")?,
                 top_p: p.top_p as f32,
+                min_p: p.min_p as f32,
                 seed: p.seed,
             },
             stop,

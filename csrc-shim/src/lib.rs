@@ -22,6 +22,7 @@ mod decoder_step_ffi;
 mod error;
 mod exec_ffi;
 mod linear_ffi;
+mod sample_ffi;
 mod torch_pool;
 
 pub use attention_ffi::kwker_decode_attention;
@@ -43,3 +44,8 @@ pub use decoder_step_ffi::{
 };
 pub use exec_ffi::{kwker_plan_free, kwker_plan_new, kwker_plan_run};
 pub use linear_ffi::kwker_linear;
+pub use sample_ffi::{
+    kwker_lookup_counts, kwker_lookup_free, kwker_lookup_new, kwker_lookup_next,
+    kwker_lookup_propose, kwker_lookup_record, kwker_lookup_size, kwker_lookup_update,
+    kwker_rng_seed, kwker_rng_uniform, kwker_sample, kwker_sample_distribution, kwker_sample_draw,
+};

@@ -6,8 +6,8 @@ occurred before, and every rejected candidate is a row paid for in the verify st
 quote its prompt most are rejected (measured: 0.83x plain decoding). Installed models answer
 ``_get_candidate_generator`` with ``AdaptiveLookup`` instead: drafts come from ``lookup.propose`` (the
 native loop's rule: the latest earlier occurrence of the last 3, then 2 tokens), and their number from
-``speculative.Planner`` (measured acceptance and step times; N is the most it proposes, 0 when drafting
-does not pay). Other candidate generators (``assistant_model=``, early exit) are
+``lookup.DraftPolicy``, the native loop's own sizing (measured acceptance and step times; N is the most it
+proposes, 0 when drafting does not pay). Other candidate generators (``assistant_model=``, early exit) are
 Hugging Face's own.
 
 Exactness: unchanged. Candidates only decide which rows a verify step computes; Hugging Face keeps a
@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from .lookup import propose
-from .speculative import Planner
+from .lookup import DraftPolicy
 
 
 def _candidate_base() -> type:
@@ -39,7 +38,7 @@ class AdaptiveLookup:
         # No pauses after failed drafts: a verify step here is Hugging Face's Python loop around a native step,
         # so extra rows cost little and the measured rate alone decides (pauses cost a partly quoting summary
         # a quarter of its speed-up).
-        self.planner = Planner(max_draft, pauses=False)
+        self.policy = DraftPolicy(max_draft, pauses=False)
         self.max_length = max_length
         self.eos = set() if eos is None else {int(t) for t in eos.flatten().tolist()}
         self.drafted = 0
@@ -49,8 +48,8 @@ class AdaptiveLookup:
 
     def get_candidates(self, input_ids: torch.LongTensor, **_: Any) -> tuple[torch.LongTensor, None]:
         n = input_ids.shape[1]
-        k = self.planner.choose(self.max_length - n - 1)
-        drafts = propose(input_ids[0].tolist(), k) if k > 0 and input_ids.shape[0] == 1 else []
+        limit = self.max_length - n - 1
+        drafts = self.policy.next(input_ids[0].tolist(), limit) if limit > 0 and input_ids.shape[0] == 1 else []
         for i, t in enumerate(drafts):
             if t in self.eos:  # (the target could accept an end token and go on past it)
                 drafts = drafts[:i]
@@ -68,7 +67,8 @@ class AdaptiveLookup:
         kept = min(int(num_matches), self.drafted)
         self._calls += 1
         if self._calls > 1:
-            self.planner.record(self.drafted, kept, 0.0 if self.drafted else None, self.drafted + 1, took)
+            self.policy.update(self.drafted, kept)
+            self.policy.record(self.drafted + 1, took)
         self.proposed += self.drafted
         self.kept += kept
 

@@ -18,7 +18,7 @@ import torch
 
 from ..ops import native as _native
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 ERR_LEN = 2048
 
 LIB = _native.LIB
@@ -34,7 +34,15 @@ class GenParams(ctypes.Structure):
     _fields_ = [
         ("max_new", ctypes.c_int64), ("temperature", ctypes.c_double), ("top_k", ctypes.c_int64),
         ("top_p", ctypes.c_double), ("seed", ctypes.c_uint64), ("max_draft", ctypes.c_int64),
+        ("min_p", ctypes.c_double),
     ]  # fmt: skip
+
+
+class SampleArgs(ctypes.Structure):
+    """= ``KwkSampleParams`` in sample_ffi.rs."""
+
+    _fields_ = [("temperature", ctypes.c_double), ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double),
+                ("min_p", ctypes.c_double)]  # fmt: skip
 
 
 CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
@@ -64,6 +72,19 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "kwker_decoder_copy_prefix": (I32, [P, I64, I64, I64, STR, SZ]),
     "kwker_decoder_set_position": (I32, [P, I64, I64, STR, SZ]),
     "kwker_decoder_pool_stalls": (I64, []),
+    "kwker_rng_seed": (None, [ctypes.c_uint64, P]),
+    "kwker_rng_uniform": (ctypes.c_double, [P]),
+    "kwker_sample": (I32, [f32p, I64, ctypes.POINTER(SampleArgs), P, i64p, STR, SZ]),
+    "kwker_sample_distribution": (I32, [f32p, I64, ctypes.POINTER(SampleArgs), P, STR, SZ]),
+    "kwker_sample_draw": (I32, [P, I64, P, i64p, STR, SZ]),
+    "kwker_lookup_propose": (I32, [i64p, I64, I64, i64p, i64p, STR, SZ]),
+    "kwker_lookup_new": (P, [I64, I32]),
+    "kwker_lookup_free": (None, [P]),
+    "kwker_lookup_next": (I32, [P, i64p, I64, I64, I64, I64, i64p, i64p, STR, SZ]),
+    "kwker_lookup_size": (I64, [P, I64, I64, I64]),
+    "kwker_lookup_update": (None, [P, I64, I64]),
+    "kwker_lookup_record": (None, [P, I64, ctypes.c_double, ctypes.c_double]),
+    "kwker_lookup_counts": (None, [P, i64p]),
     "kwker_decoder_generate": (
         I32,
         [P, I64, i64p, i64p, i64p, ctypes.POINTER(GenParams), i64p, I64, i64p, i64p, i32p, i64p, CALLBACK, P, STR,

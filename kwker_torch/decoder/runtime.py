@@ -297,6 +297,7 @@ class KwkDecoder:
         temperature: float = 0.0,
         top_k: int = 0,
         top_p: float = 1.0,
+        min_p: float = 0.0,
         seed: int = 0,
         stop_tokens: Sequence[int] | None = None,
         callback: Callable[[int, int], bool | None] | None = None,
@@ -308,7 +309,8 @@ class KwkDecoder:
         draft_tokens: int = 8,
     ) -> Completion | list[Completion]:
         """Generates from one prompt (1-D ids) or several (a list of them, decoded together in one batch),
-        natively: temperature 0 is greedy; else temperature, then top-k, then top-p sampling from ``seed``.
+        natively: temperature 0 is greedy; else temperature, then top-k, top-p and min-p sampling from ``seed``
+        (the project's one sampler, ``rust/src/decoder/sample.rs``, which the server also samples with).
         ``stop_tokens`` default to the model's EOS ids. ``callback(i, token)`` sees each token of prompt
         i as it is chosen (return False to end that sequence).
 
@@ -343,11 +345,11 @@ class KwkDecoder:
         if draft is not None:
             return self._generate_with_draft(
                 toks, single, slots, keep, prompt_cache, draft, draft_tokens, max_new_tokens, temperature, top_k,
-                top_p, seed, stop_tokens, callback,
+                top_p, min_p, seed, stop_tokens, callback,
             )  # fmt: skip
         stop = _i64(list(self._eos) if stop_tokens is None else list(stop_tokens))
         params = GenParams(max_new=max_new_tokens, temperature=float(temperature), top_k=top_k, top_p=float(top_p),
-                            seed=int(seed) & (2**64 - 1), max_draft=prompt_lookup)  # fmt: skip
+                            seed=int(seed) & (2**64 - 1), max_draft=prompt_lookup, min_p=float(min_p))  # fmt: skip
         self._check_reentry()
         with self._gen_lock:
             chosen, cached, feed = self._place(toks, slots, keep, prompt_cache)
@@ -384,7 +386,7 @@ class KwkDecoder:
 
     def _generate_with_draft(self, toks: list[torch.Tensor], single: bool, slots: Sequence[int] | None, keep: bool,
                              reuse: bool, draft: KwkDecoder, draft_tokens: int, max_new: int, temperature: float,
-                             top_k: int, top_p: float, seed: int, stop_tokens: Sequence[int] | None,
+                             top_k: int, top_p: float, min_p: float, seed: int, stop_tokens: Sequence[int] | None,
                              callback: Callable[[int, int], bool | None] | None) -> Completion:  # fmt: skip
         from . import speculative
 
@@ -395,8 +397,9 @@ class KwkDecoder:
             raise ValueError("kwker: generate(draft=...) runs one prompt at a time; give one prompt (1-D ids)")
         if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 1:
             raise ValueError(f"kwker: draft_tokens must be an int >= 1, got {draft_tokens!r}")
-        if not (float(temperature) >= 0.0 and 0.0 < float(top_p) <= 1.0):
-            raise ValueError(f"kwker: temperature must be >= 0 and top_p in (0, 1], got {temperature}, {top_p}")
+        if not (float(temperature) >= 0.0 and 0.0 < float(top_p) <= 1.0 and 0.0 <= float(min_p) <= 1.0):
+            raise ValueError(f"kwker: temperature must be >= 0, top_p in (0, 1] and min_p in [0, 1], got "
+                             f"{temperature}, {top_p}, {min_p}")  # fmt: skip
         stop = list(self._eos) if stop_tokens is None else [int(t) for t in stop_tokens]
         self._check_reentry()
         first, second = sorted((self, draft), key=id)  # one lock order, whichever decoder is the target
@@ -407,7 +410,7 @@ class KwkDecoder:
                 return Completion([], "length", chosen[0], cached[0])
             out, why, drafted, kept = speculative.generate(
                 self, draft, chosen[0], dslot, feed[0], max_new, max_draft=draft_tokens, temperature=float(temperature),
-                top_k=top_k, top_p=float(top_p), seed=int(seed), stop=stop, callback=callback,
+                top_k=top_k, top_p=float(top_p), min_p=float(min_p), seed=int(seed), stop=stop, callback=callback,
             )  # fmt: skip
         return Completion(out, why, chosen[0], cached[0], drafted, kept)
 

@@ -6,17 +6,18 @@ Contract: greedy output is exactly the target's greedy text (every kept token is
 target's own logits for that position). With sampling, the standard rule (Leviathan et al. 2023, Chen et
 al. 2023): a draft token x drawn from the draft's distribution q is kept with probability min(1, p(x)/q(x))
 under the target's p, else a token is drawn from max(0, p - q) renormalised; so each token follows the
-target's distribution. p and q are the same temperature / top-k / top-p warp as the native sampler
-(``rust/src/decoder/sample.rs``), computed here in float64 from the float32 logits. The sampled text for
-a seed depends on how many drafts each step tried (chosen from measured timings), so it is not
-reproducible draw for draw; its distribution is the target's.
+target's distribution. p and q, the draws and the generator are the project's one sampler
+(``rust/src/decoder/sample.rs`` through ``sampling.py``: temperature, top-k, top-p, min-p in float64 from the
+float32 logits). The sampled text for a seed depends on how many drafts each step tried (chosen from
+measured timings), so it is not reproducible draw for draw; its distribution is the target's.
 
-How many drafts: the k that maximises expected tokens per second, E(k) / (k t_draft + t_verify(k + 1)),
-with E(k) = (1 - a^(k+1)) / (1 - a) for the acceptance rate a (kept / (kept + rejections), decayed), and
-the draft's step time and the target's time per verified row count measured as it runs (a verify step of
-many rows costs more than one row on a CPU: the rows' arithmetic is not free, measured 1.8x for 9 rows on
-SmolLM2-135M). k = 0 (no drafting) when drafting does not pay, retried every 8 steps; drafts of which
-nothing was kept pause drafting for 1, 2, 4 .. 16 steps.
+How many drafts: the project's one draft policy (``rust/src/decoder/lookup.rs`` through
+``lookup.DraftPolicy``): the k that maximises expected tokens per second, E(k) / (k t_draft + t(k + 1)),
+with E(k) = (1 - a^(k+1)) / (1 - a) for the acceptance rate a (kept / (kept + rejections), decayed), the
+draft's time per token and the target's time per verified rows measured as it runs (a verify step of many
+rows costs more than one row on a CPU: measured 1.8x for 9 rows on SmolLM2-135M), under a cap that doubles
+after fully kept drafts; k = 0 when drafting does not pay, retried every 8 steps; drafts of which nothing
+was kept pause drafting for 1, 2, 4 .. 16 steps.
 """
 
 from __future__ import annotations
@@ -27,88 +28,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .lookup import DraftPolicy
 from .prompt_cache import shared_start
+from .sampling import Rng, Warp, distribution, draw, sample
 
 if TYPE_CHECKING:
     from .runtime import KwkDecoder
 
 
-def warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """float64 probabilities after temperature, then top-k, then top-p (ties broken by index)."""
-    x = logits.double() / temperature
-    if top_k > 0 or top_p < 1.0:
-        order = torch.sort(x, descending=True, stable=True).indices
-        keep = order[:top_k] if top_k > 0 else order
-        p = torch.softmax(x[keep], 0)
-        if top_p < 1.0:
-            over = (torch.cumsum(p, 0) >= top_p).nonzero()
-            n = int(over[0]) + 1 if len(over) else len(p)
-            keep = keep[:n]
-        out = torch.zeros_like(x)
-        out[keep] = torch.softmax(x[keep], 0)
-        return out
-    return torch.softmax(x, 0)
-
-
-def verify_sampled(p: torch.Tensor, q: torch.Tensor, d: int, gen: torch.Generator) -> tuple[int, bool]:
+def verify_sampled(p: torch.Tensor, q: torch.Tensor, d: int, rng: Rng) -> tuple[int, bool]:
     """The draft token ``d`` (drawn from ``q``) kept with probability min(1, p(d) / q(d)), else a token
     drawn from max(0, p - q) renormalised: the result is distributed as ``p``. Returns (token, kept)."""
-    if float(torch.rand((), generator=gen, dtype=torch.float64)) * float(q[d]) < float(p[d]):
+    if rng.uniform() * float(q[d]) < float(p[d]):
         return d, True
-    residual = (p - q).clamp_min(0)
-    return int(torch.multinomial(residual / residual.sum(), 1, generator=gen)), False
-
-
-class Planner:
-    """Chooses the number of drafts from the measured acceptance rate and step times."""
-
-    def __init__(self, max_draft: int, pauses: bool = True) -> None:
-        self.max_draft = max_draft
-        self.pauses = pauses  # pause after drafts that all failed (off where the rate alone decides)
-        self.kept, self.rejected = 4.0, 1.0  # prior: a = 0.8
-        self.t_draft: float | None = None
-        self.t_verify: dict[int, float] = {}  # rows -> seconds (decayed mean)
-        self.idle = 0
-        self.pause, self.next_pause = 0, 1  # steps without drafting after drafts that all failed
-
-    def verify_time(self, rows: int) -> float:
-        if rows in self.t_verify:
-            return self.t_verify[rows]
-        one = self.t_verify.get(1) or min((t / (1 + 0.15 * (m - 1)) for m, t in self.t_verify.items()), default=1.0)
-        return one * (1 + 0.15 * (rows - 1))  # prior until measured: 15 % per extra row
-
-    def choose(self, limit: int) -> int:
-        if limit <= 0:
-            return 0
-        if self.pause > 0:
-            self.pause -= 1
-            return 0
-        if self.t_draft is None:
-            return min(4, limit, self.max_draft)
-        a = min(self.kept / (self.kept + self.rejected), 0.99)
-        best, best_rate = 0, 1.0 / self.verify_time(1)
-        for k in range(1, min(limit, self.max_draft) + 1):
-            rate = (1 - a ** (k + 1)) / (1 - a) / (k * self.t_draft + self.verify_time(k + 1))
-            if rate > best_rate:
-                best, best_rate = k, rate
-        if best == 0:
-            self.idle += 1
-            if self.idle % 8 == 0:
-                return 1  # look again: the text may have become predictable
-        return best
-
-    def record(self, drafted: int, kept: int, t_draft: float | None, rows: int, t_verify: float) -> None:
-        ema = lambda old, new: new if old is None else 0.7 * old + 0.3 * new  # noqa: E731
-        self.t_verify[rows] = ema(self.t_verify.get(rows), t_verify)
-        if drafted:
-            self.t_draft = ema(self.t_draft, t_draft / drafted) if t_draft is not None else self.t_draft
-            self.kept = 0.9 * self.kept + kept
-            self.rejected = 0.9 * self.rejected + (kept < drafted)
-            # As prompt lookup: a draft of which nothing was kept pauses drafting 1, 2, 4 .. 16 steps.
-            if kept == 0 and self.pauses:
-                self.pause, self.next_pause = self.next_pause, min(2 * self.next_pause, 16)
-            else:
-                self.next_pause = 1
+    return draw((p - q).clamp_min(0), rng), False
 
 
 def check_pair(target: KwkDecoder, draft: KwkDecoder) -> None:
@@ -138,21 +71,21 @@ def generate(
     temperature: float,
     top_k: int,
     top_p: float,
+    min_p: float,
     seed: int,
     stop: Sequence[int],
     callback: Callable[[int, int], bool | None] | None,
 ) -> tuple[list[int], str, int, int]:
     """One sequence: ``prompt`` follows what ``slot`` (target) and ``draft_slot`` hold. Returns the new
     tokens, the finish reason, and the drafts proposed and kept."""
-    greedy = temperature == 0.0 or top_k == 1
-    gen = torch.Generator().manual_seed(seed & (2**63 - 1))
+    warp = Warp(temperature, top_k, top_p, min_p)
+    greedy = warp.greedy
+    rng = Rng(seed)
     ctx = target.max_context  # the draft's own context only limits how far it drafts
     stops = set(stop)
 
     def choose(lg: torch.Tensor) -> int:
-        if greedy:
-            return int(torch.argmax(lg))
-        return int(torch.multinomial(warp(lg, temperature, top_k, top_p), 1, generator=gen))
+        return sample(lg, warp, rng)
 
     def ended(tok: int, before: int) -> str | None:
         """Why the sequence ends at ``tok`` (emitted; the slot holds ``before`` tokens ahead of it)."""
@@ -170,7 +103,7 @@ def generate(
     (logits,) = target.step([(slot, prompt)])
     out: list[int] = []
     drafted = kept_total = 0
-    plan = Planner(max_draft)
+    plan = DraftPolicy(max_draft)
     pending = choose(logits[0])
     while True:
         # Emit `pending`: the first token of this round, chosen from the target's logits.
@@ -179,7 +112,7 @@ def generate(
         why = ended(pending, held)
         if why is not None:
             return out, why, drafted, kept_total
-        n = plan.choose(min(max_new - len(out) - 1, ctx - held - 1, draft.max_context - held - 1))
+        n = plan.size(min(max_new - len(out) - 1, ctx - held - 1, draft.max_context - held - 1))
         drafts: list[int] = []
         qs: list[torch.Tensor] = []
         t0 = time.perf_counter()
@@ -194,10 +127,10 @@ def generate(
             for j in range(n):
                 lg = row[0]
                 if greedy:
-                    d = int(torch.argmax(lg))
+                    d = sample(lg, warp, rng)
                 else:
-                    q = warp(lg, temperature, top_k, top_p)
-                    d = int(torch.multinomial(q, 1, generator=gen))
+                    q = distribution(lg, warp)
+                    d = draw(q, rng)
                     qs.append(q)
                 drafts.append(d)
                 if j + 1 < n:
@@ -209,12 +142,12 @@ def generate(
         nxt = None
         for j, d in enumerate(drafts):
             if greedy:
-                t = int(torch.argmax(rows[j]))
+                t = sample(rows[j], warp, rng)
                 if t != d:
                     nxt = t
                     break
             else:
-                t, kept = verify_sampled(warp(rows[j], temperature, top_k, top_p), qs[j], d, gen)
+                t, kept = verify_sampled(distribution(rows[j], warp), qs[j], d, rng)
                 if not kept:
                     nxt = t
                     break
@@ -230,7 +163,8 @@ def generate(
             nxt = choose(rows[len(drafts)])
         drafted += n
         kept_total += accepted
-        plan.record(n, accepted, t1 - t0 if n else None, n + 1, t_verify)
+        plan.update(n, accepted)
+        plan.record(n + 1, t_verify, (t1 - t0) / n if n else 0.0)
         keep = held + 1 + accepted  # pending and the kept drafts
         target.truncate(slot, keep)
         draft.truncate(draft_slot, min(draft.slot_len(draft_slot), keep))

@@ -16,9 +16,9 @@ one request wait until choice 1 has read the prompt, then copy it.
 Prompt lookup (``prompt_lookup`` drafts, as ``KwkDecoder.generate``): while at most ``LOOKUP_SEQS`` requests
 are generating, a greedy request's step also feeds the tokens that followed the latest earlier occurrence
 of its last 3 (or 2) tokens (lookup.py), and keeps those the model itself chooses; the rejected ones are
-truncated off its slot. Per request, ``speculative.Planner`` sizes the drafts from the measured acceptance
-and step times and pauses after failures. With more requests in flight a step is bound by arithmetic and
-extra rows would slow every stream, so none are drafted.
+truncated off its slot. Per request, ``lookup.DraftPolicy`` (the native loop's rule, ``lookup.rs``) sizes the
+drafts from the measured acceptance and step times and pauses after failures. With more requests in flight
+a step is bound by arithmetic and extra rows would slow every stream, so none are drafted.
 
 Exactness: every row of a step is computed as if alone (the decoder's rows do not mix), so a greedy
 request gets the tokens ``KwkDecoder.generate`` gives it alone, whatever else is in flight (tested); with
@@ -41,8 +41,7 @@ from typing import Any
 import torch
 
 from ..decoder import PROMPT_LOOKUP, KwkDecoder, prompt_cache
-from ..decoder.lookup import propose
-from ..decoder.speculative import Planner
+from ..decoder.lookup import DraftPolicy
 from .metrics import Metrics
 from .sampling import Sampler, SamplingParams, TokenOut
 from .text import Detokenizer, StopMatcher
@@ -100,7 +99,7 @@ class Request:
         self.done = False
         self._pending: list[TokenOut] = []  # tokens whose text is not released yet
         self.drafts: list[int] = []  # prompt-lookup tokens fed after out[-1] in the current step
-        self.planner: Planner | None = None
+        self.policy: DraftPolicy | None = None  # prompt lookup's draft sizing (the native loop's own)
 
     @property
     def reading(self) -> bool:
@@ -272,8 +271,10 @@ class Engine:
         who: list[Request] = []
         generating = [r for r in self._running.values() if not r.reading]
         lookup = self.prompt_lookup > 0 and len(generating) <= LOOKUP_SEQS
+        drafted = 0
         for req in generating:
-            req.drafts = self._drafts(req) if lookup else []
+            req.drafts = self._drafts(req, len(generating), len(generating) + drafted) if lookup else []
+            drafted += len(req.drafts)
             seqs.append((req.slot, [req.out[-1], *req.drafts]))
             modes.append("all" if req.drafts else "last")
             who.append(req)
@@ -304,8 +305,8 @@ class Engine:
                     if req.drafts:
                         self._verify(req, logits, n_rows, took)
                     else:
-                        if req.planner is not None:
-                            req.planner.record(0, 0, None, n_rows, took)
+                        if req.policy is not None:
+                            req.policy.record(n_rows, took)
                         self._advance(req, logits[0])
                 except Exception as e:  # noqa: BLE001  (e.g. a grammar that allows no token: this request fails alone)
                     log.exception("kwker serve: choosing a request's next token failed")
@@ -313,15 +314,15 @@ class Engine:
                 made += max(len(req.out) - before, 1)
         self._count_rate(made)
 
-    def _drafts(self, req: Request) -> list[int]:
-        """Prompt-lookup drafts for a greedy request without a grammar (sampled text keeps its own rule)."""
-        if req.sampler.gen is not None or req.sampler.matcher is not None:
+    def _drafts(self, req: Request, batch: int, rows: int) -> list[int]:
+        """Prompt-lookup drafts for a greedy request without a grammar (sampled text keeps its own rule), in a
+        step of ``batch`` generating requests and ``rows`` rows so far."""
+        if req.sampler.rng is not None or req.sampler.matcher is not None:
             return []
-        if req.planner is None:
-            req.planner = Planner(self.prompt_lookup)
+        if req.policy is None:
+            req.policy = DraftPolicy(self.prompt_lookup)
         room = min(req.params.max_tokens - len(req.out), self.dec.max_context - len(req.prompt) - len(req.out)) - 1
-        k = req.planner.choose(room)
-        return propose(req.prompt + req.out, k) if k > 0 else []
+        return req.policy.next(req.prompt + req.out, room, batch, rows)
 
     def _verify(self, req: Request, logits: torch.Tensor, rows: int, took: float) -> None:
         """Keeps the drafts the model itself chooses, then one token of its own (from the first row whose
@@ -339,8 +340,9 @@ class Engine:
         self.accepted += kept
         self.metrics.draft_tokens.inc(len(drafts))
         self.metrics.accepted_tokens.inc(kept)
-        if req.planner is not None:
-            req.planner.record(len(drafts), kept, 0.0, rows, took)
+        if req.policy is not None:
+            req.policy.update(len(drafts), kept)
+            req.policy.record(rows, took)
 
     def _advance(self, req: Request, logits: torch.Tensor) -> None:
         tok, lp, top = req.sampler.choose(logits)

@@ -7,12 +7,14 @@ Contract: the logits are first adjusted, in this order (each only when asked for
    generated so far): ``logit[t] -= f * count[t] + p * (count[t] > 0)``;
 3. ``logit_bias``: the given value added to each listed token's logit;
 4. a grammar (``response_format``, forced tool calls) masks the tokens it does not allow.
-Then ``temperature == 0`` is greedy, ``argmax`` of the adjusted logits (the first index among equal
-maxima, as the native decoder picks), so a served greedy completion without adjustments has the tokens
-``KwkDecoder.generate`` gives for the same prompt. Else the logits are divided by the temperature, then
-(as Hugging Face's warpers, in their order) cut to the ``top_k`` largest, to the smallest set whose
-probability reaches ``top_p``, and to tokens of probability at least ``min_p`` times the largest, and drawn
-from a generator seeded by ``seed`` (per choice: ``seed + index``), so a seeded request is reproducible.
+Then the token is chosen by the project's one sampler (``rust/src/decoder/sample.rs``, through
+``decoder/sampling.py``), the native loop's own: ``temperature == 0`` is greedy, the argmax of the adjusted
+logits (the first index among equal maxima); else the logits are divided by the temperature, then (as Hugging
+Face's warpers, in their order) cut to the ``top_k`` largest, to the smallest set whose probability reaches
+``top_p``, and to tokens of probability at least ``min_p`` times the largest, and drawn from the native
+generator seeded by ``seed`` (per choice: ``seed + index``). So a served completion without adjustments has
+the tokens ``KwkDecoder.generate`` gives for the same prompt and parameters, greedy or seeded, and a seeded
+request is reproducible.
 Reported logprobs are the model's own (log-softmax of the unadjusted, untempered logits), as OpenAI reports them.
 """
 
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from ..decoder.sampling import Rng, Warp, sample
 
 
 @dataclass
@@ -65,10 +69,13 @@ class Sampler:
     def __init__(self, params: SamplingParams, matcher: Any | None = None, prompt: list[int] | None = None) -> None:
         self.p = params
         self.matcher = matcher  # an llguidance LLMatcher, or None
-        self.gen: torch.Generator | None = None
-        if params.temperature > 0:
-            seed = params.seed if params.seed is not None else random.getrandbits(63)
-            self.gen = torch.Generator().manual_seed(int(seed) & (2**63 - 1))
+        self.warp = Warp(params.temperature if params.temperature > 0 else 0.0, max(params.top_k, 0), params.top_p,
+                         params.min_p)  # fmt: skip
+        self.rng: Rng | None = None  # None: greedy
+        if not self.warp.greedy:
+            seed = params.seed if params.seed is not None else random.getrandbits(64)
+            self.rng = Rng(int(seed) & (2**64 - 1))
+        self._stream = self.rng if self.rng is not None else Rng(0)  # (greedy choices draw nothing from it)
         self._mask: torch.Tensor | None = None
         self._prompt = list(prompt or [])
         self._counts: torch.Tensor | None = None  # [vocab] float32: times each token was generated
@@ -103,24 +110,6 @@ class Sampler:
             self._counts[tok] += 1
             self._seen[tok] = True
 
-    def _draw(self, row: torch.Tensor) -> int:
-        assert self.gen is not None
-        p = self.p
-        if p.top_k <= 0 and p.min_p <= 0.0:  # (the original rule, kept draw for draw: seeded outputs stay the same)
-            probs = torch.softmax(row / p.temperature, dim=-1)
-            if p.top_p < 1.0:
-                probs = _top_p(probs, p.top_p)
-            return int(torch.multinomial(probs, 1, generator=self.gen))
-        x = row / p.temperature
-        if 0 < p.top_k < x.numel():
-            x = x.masked_fill(x < torch.topk(x, p.top_k).values[-1], float("-inf"))
-        probs = torch.softmax(x, dim=-1)
-        if p.top_p < 1.0:
-            probs = _top_p(probs, p.top_p)
-        if p.min_p > 0.0:
-            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        return int(torch.multinomial(probs, 1, generator=self.gen))
-
     def choose(self, logits: torch.Tensor) -> tuple[int, float, list[tuple[int, float]]]:
         """(token, its logprob, top alternatives) from a [vocab] float32 row."""
         row = self.adjust(logits)
@@ -133,7 +122,7 @@ class Sampler:
             row = (row.clone() if row is logits else row).unsqueeze(0)
             apply_token_bitmask_inplace(row, self._mask)
             row = row[0]
-        tok = int(torch.argmax(row)) if self.gen is None else self._draw(row)
+        tok = sample(row, self.warp, self._stream)
         self._chosen(tok)
         if self.matcher is not None:
             self.matcher.consume_token(tok)
@@ -150,10 +139,3 @@ class Sampler:
     def grammar_done(self) -> bool:
         """The grammar allows nothing more (e.g. the JSON object is closed)."""
         return self.matcher is not None and bool(self.matcher.is_stopped())
-
-
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The smallest most-likely set whose probability reaches ``top_p`` (the top token always kept)."""
-    sorted_p, idx = torch.sort(probs, descending=True)
-    keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p
-    return torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])

@@ -154,3 +154,16 @@ def test_named_test_paths_exist() -> None:
         if not (ROOT / m).is_file()
     )
     assert not missing, f"paths to test files that do not exist: {missing}"
+
+
+def test_one_sampler_and_one_draft_policy() -> None:
+    """Tokens are drawn, warped and drafted only by ``rust/src/decoder/sample.rs`` / ``lookup.rs`` (through
+    ``decoder/sampling.py`` and ``decoder/lookup.py``): no second sampler or proposal grows in Python."""
+    pkg = ROOT / "kwker_torch"
+    bad = []
+    for f in sorted(pkg.rglob("*.py")):
+        text = f.read_text()
+        for pattern in (r"\.multinomial\(", r"torch\.Generator\(\)\.manual_seed", r"\bdef propose\("):
+            if re.search(pattern, text) and f.relative_to(pkg).as_posix() != "decoder/lookup.py":
+                bad.append(f"{f.relative_to(ROOT)}: {pattern}")
+    assert not bad, bad

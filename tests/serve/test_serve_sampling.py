@@ -89,3 +89,51 @@ def test_sampled_frequency_penalty_moves_the_distribution_as_defined() -> None:
     # After one draw, the penalised token's probability is that of the adjusted logits.
     want = torch.softmax(adjusted(x, [], [first], 2.0, 0.0, 1.0, {}), 0)
     assert torch.allclose(torch.softmax(s.adjust(x).double(), 0), want, atol=1e-6)
+
+
+def test_the_server_samples_with_the_native_sampler() -> None:
+    """One rule per step of sampling: the server's choices are ``sample.rs``'s (through ``decoder.sampling``) on
+    the same logits and seed, greedy and drawn, and its cuts are those of ``distribution``."""
+    from kwker_torch.decoder.sampling import Rng, Warp, distribution, sample
+
+    for temp, k, top_p, mp in [(0.0, 0, 1.0, 0.0), (0.8, 0, 1.0, 0.0), (1.3, 7, 0.9, 0.0), (1.0, 0, 0.8, 0.1)]:
+        s = Sampler(SamplingParams(max_tokens=1, temperature=temp, top_k=k, top_p=top_p, min_p=mp, seed=11))
+        rng, warp = Rng(11), Warp(temp, k, top_p, mp)
+        for i in range(40):
+            x = row(100 + i)
+            assert s.choose(x)[0] == sample(x, warp, rng), (temp, k, top_p, mp, i)
+    x = row(3)
+    p = distribution(x, Warp(1.0, 0, 1.0, 0.2))
+    full = torch.softmax(x.double(), 0)
+    keep = full >= 0.2 * full.max()  # min-p: the tokens at least 0.2 of the most likely one
+    assert torch.equal(p > 0, keep) and torch.allclose(p[keep], full[keep] / full[keep].sum())
+    p = distribution(x, Warp(0.5, 5, 1.0, 0.0))  # temperature, then top-k
+    top = torch.topk(x, 5).indices
+    assert set((p > 0).nonzero().flatten().tolist()) == set(top.tolist())
+    assert torch.allclose(p[top], torch.softmax(x[top].double() / 0.5, 0))
+    assert distribution(x, Warp(0.0)).argmax() == x.argmax() and distribution(x, Warp(0.0)).sum() == 1
+
+
+def test_the_draft_policy_is_the_native_loops() -> None:
+    """``lookup.rs``'s rules through ``decoder.lookup`` (the server, Hugging Face's prompt lookup and draft-model
+    speculation size drafts with it): the proposal, the cap that doubles and falls, and the pauses."""
+    from kwker_torch.decoder.lookup import DraftPolicy, propose
+
+    assert propose([1, 2, 3, 4, 9, 2, 3], 3) == [4, 9, 2]  # what followed the latest earlier "2 3"
+    assert propose([5, 6, 7, 8, 0, 6, 7, 1, 5, 6, 7], 2) == [8, 0]  # the 3-gram wins over a later 2-gram
+    assert propose([1, 2, 3, 4, 5], 4) == [] and propose([1, 2, 1, 2], 0) == []
+    h = list(range(40)) + list(range(20))  # "18 19" repeats: 20 tokens follow
+    pol = DraftPolicy(8)
+    assert len(pol.next(h, 100)) == 4  # a fresh sequence tries 4
+    pol.update(4, 4)  # all kept: the cap doubles (and rows cost nothing measured yet beyond the prior)
+    pol.record(1, 1e-3)
+    for rows in range(2, 10):
+        pol.record(rows, 1e-3)  # extra rows free: the whole cap pays
+    assert len(pol.next(h, 100)) == 8 and len(pol.next(h, 3)) == 3  # the limit bounds it
+    pol.update(8, 0)  # nothing kept: pause one step, then try 1
+    assert pol.next(h, 100) == [] and len(pol.next(h, 100)) == 1
+    assert pol.counts == (12, 4)
+    assert DraftPolicy(8, pauses=False).size(5) == 4 and DraftPolicy(0).next(h, 100) == []
+    slow = DraftPolicy(8)
+    slow.record(1, 1e-3, draft_secs=1.0)  # a draft model that takes 1000 steps per token: drafting never pays
+    assert sum(slow.size(8) for _ in range(8)) == 1  # (it looks again every 8th step)

@@ -14,6 +14,12 @@
 //! and R rows: E(k) = (1 - a^(k+1)) / (1 - a) with the sequence's acceptance rate a (kept / (kept +
 //! rejections), decayed), and t the measured time of a step by rows (`StepCost`): on a CPU extra rows
 //! are not free (a 9-row step of SmolLM2-135M costs 1.8x a 1-row step in bf16, 2.6x in int4).
+//!
+//! The same sizing serves drafts that cost time to make (a draft model, `decoder/speculative.py`):
+//! `Lookup::size` adds the measured seconds per draft token to the step's time, k t_draft + t(R + k).
+//! This is the project's one draft policy: the native loop, the server, Hugging Face's
+//! `prompt_lookup_num_tokens` under `decode.install()` and draft-model speculation all size and
+//! propose through it (C entry points in `csrc-shim/src/sample_ffi.rs`).
 
 /// Longest and shortest suffix tried as a match.
 pub const NGRAM_MAX: usize = 3;
@@ -107,6 +113,10 @@ pub struct Lookup {
     kept_w: f64,
     rejected_w: f64,
     idle: usize,
+    /// Pause after drafts that were all rejected (off where extra rows cost little).
+    pauses: bool,
+    /// Measured seconds to make one draft token (decayed mean; 0 for prompt lookup).
+    draft_secs: f64,
     pub drafted: usize,
     pub accepted: usize,
 }
@@ -122,9 +132,17 @@ impl Lookup {
             kept_w: 4.0, // prior: a = 0.8
             rejected_w: 1.0,
             idle: 0,
+            pauses: true,
+            draft_secs: 0.0,
             drafted: 0,
             accepted: 0,
         }
+    }
+
+    /// Without the pause after drafts that were all rejected.
+    pub fn without_pauses(mut self) -> Lookup {
+        self.pauses = false;
+        self
     }
 
     /// Drafts for the next step: at most `limit` (what the token budget and the context leave), in a
@@ -137,34 +155,65 @@ impl Lookup {
         batch: usize,
         rows: usize,
     ) -> Vec<u32> {
-        if self.max_draft == 0 || limit == 0 {
-            return Vec::new();
-        }
-        if self.pause > 0 {
-            self.pause -= 1;
+        if !self.ready(limit) {
             return Vec::new();
         }
         let mut d = propose(history, self.k.min(limit));
         if d.is_empty() {
             return d;
         }
+        d.truncate(self.best(d.len(), cost, batch, rows));
+        d
+    }
+
+    /// How many tokens a draft model should make for the next step (at most `limit`), by the same rule
+    /// as `next` with each draft token's measured time (`record_draft`) added to the step's.
+    pub fn size(&mut self, limit: usize, cost: &StepCost, batch: usize, rows: usize) -> usize {
+        if !self.ready(limit) {
+            return 0;
+        }
+        self.best(self.k.min(limit), cost, batch, rows)
+    }
+
+    /// Records the seconds one draft token took to make.
+    pub fn record_draft(&mut self, secs: f64) {
+        self.draft_secs = if self.draft_secs == 0.0 {
+            secs
+        } else {
+            0.8 * self.draft_secs + 0.2 * secs
+        };
+    }
+
+    /// Whether this step may draft at all (counts a paused step down).
+    fn ready(&mut self, limit: usize) -> bool {
+        if self.max_draft == 0 || limit == 0 {
+            return false;
+        }
+        if self.pause > 0 {
+            self.pause -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// The count in 0..=avail with the most expected tokens per second.
+    fn best(&mut self, avail: usize, cost: &StepCost, batch: usize, rows: usize) -> usize {
         let a = (self.kept_w / (self.kept_w + self.rejected_w)).min(0.99);
         let rate = |k: usize| {
             let e = (1.0 - a.powi(k as i32 + 1)) / (1.0 - a);
-            (batch as f64 - 1.0 + e) / cost.time(rows + k)
+            (batch as f64 - 1.0 + e) / (k as f64 * self.draft_secs + cost.time(rows + k))
         };
         let mut best = 0;
-        for k in 1..=d.len() {
+        for k in 1..=avail {
             if rate(k) > rate(best) {
                 best = k;
             }
         }
         if best == 0 {
             self.idle += 1;
-            best = usize::from(self.idle.is_multiple_of(8)); // look again now and then
+            best = usize::from(self.idle.is_multiple_of(8)).min(avail); // look again now and then
         }
-        d.truncate(best);
-        d
+        best
     }
 
     /// Records how many of `proposed` drafts verification kept.
@@ -181,7 +230,7 @@ impl Lookup {
         } else {
             self.k = (accepted + 1).min(self.max_draft);
         }
-        if accepted == 0 {
+        if accepted == 0 && self.pauses {
             self.pause = self.next_pause;
             self.next_pause = (self.next_pause * 2).min(MAX_PAUSE);
         } else {

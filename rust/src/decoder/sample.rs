@@ -1,11 +1,14 @@
 //! Choosing the next token from a row of logits: greedy (argmax; the first of equal maxima, as
-//! `torch.argmax`), or sampling with temperature, top-k and top-p (nucleus), applied in that order as
-//! Hugging Face's logits warpers are, from a seeded generator (xoshiro256**, so a seed gives the same
-//! text on every machine and tier).
+//! `torch.argmax`), or sampling with temperature, top-k, top-p (nucleus) and min-p, applied in that
+//! order as Hugging Face's logits warpers are, from a seeded generator (xoshiro256**, so a seed gives
+//! the same text on every machine and tier). This is the one sampler of the project: the native
+//! generation loop, the server (`serve/sampling.py`) and speculative decoding with a draft model
+//! (`decoder/speculative.py`) all choose through it (C entry points in `csrc-shim/src/sample_ffi.rs`).
 //!
-//! Contract: probabilities are computed in f64 from the f32 logits (max subtracted). With top-p < 1,
-//! tokens whose probability is below 1e-12 of the most likely one are never kept (they cannot change
-//! which tokens reach the top-p mass, only the renormalisation at the 1e-12 level).
+//! Contract: probabilities are computed in f64 from the f32 logits (max subtracted). With a cut
+//! (top-k, top-p < 1 or min-p > 0), tokens whose probability is below 1e-12 of the most likely one
+//! are never kept (they cannot change which tokens reach the top-p mass, only the renormalisation at
+//! the 1e-12 level).
 
 /// Sampling settings. `temperature == 0` means greedy.
 #[derive(Clone, Copy, Debug)]
@@ -15,6 +18,8 @@ pub struct SampleParams {
     pub top_k: usize,
     /// 1.0 = no top-p cut.
     pub top_p: f32,
+    /// 0.0 = no min-p cut; else tokens below `min_p` times the most likely one's probability go.
+    pub min_p: f32,
     pub seed: u64,
 }
 
@@ -24,6 +29,7 @@ impl SampleParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             seed: 0,
         }
     }
@@ -37,6 +43,9 @@ impl SampleParams {
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         Ok(())
     }
@@ -70,6 +79,16 @@ impl Rng {
         s[2] ^= t;
         s[3] = s[3].rotate_left(45);
         out
+    }
+
+    /// The generator's state (for a caller that keeps it between calls, as the server does per request).
+    pub fn state(&self) -> [u64; 4] {
+        self.0
+    }
+
+    /// A generator that goes on from `state` (as `state` returned it).
+    pub fn from_state(state: [u64; 4]) -> Rng {
+        Rng(state)
     }
 
     /// Uniform in [0, 1).
@@ -123,12 +142,34 @@ pub fn verify(logits: &[f32], p: &SampleParams, rng: &mut Rng, draft: u32) -> (u
     (draw(&cand, &probs, rng, Some(draft)), false)
 }
 
+/// The distribution `sample` draws from, normalised, into `out` (one value per token; 0 for the tokens
+/// the cuts remove). Greedy parameters give probability 1 to the argmax.
+pub fn distribution(logits: &[f32], p: &SampleParams, out: &mut [f64]) {
+    out.fill(0.0);
+    if p.temperature == 0.0 || p.top_k == 1 {
+        out[argmax(logits) as usize] = 1.0;
+        return;
+    }
+    let (cand, probs) = warped(logits, p);
+    let total: f64 = probs.iter().sum();
+    for (&tok, pr) in cand.iter().zip(&probs) {
+        out[tok as usize] = pr / total;
+    }
+}
+
+/// A draw from a distribution over the vocabulary (`probs`, one non-negative weight per token, not
+/// necessarily normalised; tokens in index order), as `sample` draws from its candidates.
+pub fn draw_from(probs: &[f64], rng: &mut Rng) -> u32 {
+    let ids: Vec<u32> = (0..probs.len() as u32).collect();
+    draw(&ids, probs, rng, None)
+}
+
 /// Candidate tokens and their unnormalised probabilities after temperature, top-k and top-p.
 fn warped(logits: &[f32], p: &SampleParams) -> (Vec<u32>, Vec<f64>) {
     let t = p.temperature as f64;
     let max = logits[argmax(logits) as usize] as f64;
     // Candidates: every token, or (with a cut) those that can matter, most likely first.
-    let cut = p.top_k > 0 || p.top_p < 1.0;
+    let cut = p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
     let mut cand: Vec<(f32, u32)> = if cut {
         let floor = max - 27.6 * t; // exp(-27.6) ~ 1e-12 of the top probability
         logits
@@ -166,6 +207,12 @@ fn warped(logits: &[f32], p: &SampleParams) -> (Vec<u32>, Vec<f64>) {
                 break;
             }
         }
+        probs.truncate(keep);
+        cand.truncate(keep);
+    }
+    if p.min_p > 0.0 {
+        // Most likely first, and the most likely has probability 1 before normalisation.
+        let keep = probs.partition_point(|&pr| pr >= p.min_p as f64).max(1);
         probs.truncate(keep);
         cand.truncate(keep);
     }
@@ -207,6 +254,7 @@ mod tests {
                 temperature: 1.0,
                 top_k: 1,
                 top_p: 1.0,
+                min_p: 0.0,
                 seed: 0,
             };
             assert_eq!(sample(&logits, &k1, &mut rng), 1);
@@ -214,6 +262,7 @@ mod tests {
                 temperature: 1.0,
                 top_k: 0,
                 top_p: 1e-6,
+                min_p: 0.0,
                 seed: 0,
             };
             assert_eq!(sample(&logits, &p, &mut rng), 1);
@@ -227,6 +276,7 @@ mod tests {
             temperature: 1.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             seed: 0,
         };
         let mut rng = Rng::new(7);
@@ -256,6 +306,19 @@ mod tests {
         }
         assert_eq!(c[0] + c[3], 0);
         assert!((c[2] as f64 / 20000.0 - 0.6).abs() < 0.02);
+        // min-p 0.5: token 0 (1/3 of the most likely) goes, token 1 (2/3) stays; the same 3:2.
+        let p = SampleParams {
+            top_k: 0,
+            min_p: 0.5,
+            ..p
+        };
+        let mut dist = [0.0f64; 4];
+        distribution(&logits, &p, &mut dist);
+        assert!(
+            (dist[2] - 0.6).abs() < 1e-6 && (dist[1] - 0.4).abs() < 1e-6,
+            "{dist:?}"
+        );
+        assert_eq!(dist[0] + dist[3], 0.0);
     }
 
     #[test]
@@ -271,6 +334,7 @@ mod tests {
             temperature: 1.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             seed: 0,
         };
         for draft in [0u32, 2, 3] {
