@@ -151,10 +151,11 @@ def test_n_choices_seeded_sampling_and_greedy(client: openai.OpenAI, ref: KwkDec
     assert texts == [c.message.content for c in b.choices]  # seeded: reproducible
     assert len(set(texts)) > 1  # each choice draws its own tokens
     assert a.usage.prompt_tokens == b.usage.prompt_tokens and a.usage.completion_tokens == 48
-    # One sampler: choice j draws what the native loop draws for seed 7 + j (the same rule and random stream).
+    # One sampler: choice j draws what the native loop draws for seed 7 + j (same rule, same random stream;
+    # without drafts, which verify sampled tokens with draws of their own).
     ids = chat_ids(smollm2[1], chat(QUESTIONS[2]))[0]
     for j, text in enumerate(texts):
-        out = ref.generate(ids, 16, temperature=0.9, top_p=0.95, seed=7 + j, prompt_cache=False)
+        out = ref.generate(ids, 16, temperature=0.9, top_p=0.95, seed=7 + j, prompt_lookup=0, prompt_cache=False)
         toks = out.tokens[:-1] if out.finish_reason == "stop" else out.tokens
         assert text == smollm2[1].decode(toks, skip_special_tokens=True), j
     g = client.chat.completions.create(temperature=0, **kw)
