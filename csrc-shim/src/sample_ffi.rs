@@ -55,6 +55,25 @@ unsafe fn with_rng<T>(state: *mut u64, f: impl FnOnce(&mut Rng) -> T) -> Result<
     Ok(out)
 }
 
+/// Chooses a token with the generator at `state` and writes it to `out`.
+///
+/// # Safety
+/// `state` null or valid for reading and writing 4 u64; `out` null or writable.
+unsafe fn token_into(
+    state: *mut u64,
+    out: *mut i64,
+    choose: impl FnOnce(&mut Rng) -> u32,
+) -> Result<(), String> {
+    if out.is_null() {
+        return Err("null output".into());
+    }
+    // SAFETY: forwarded contract.
+    let tok = unsafe { with_rng(state, choose) }?;
+    // SAFETY: writable (caller's contract, null-checked).
+    unsafe { *out = i64::from(tok) };
+    Ok(())
+}
+
 fn logits_of<'a>(logits: *const f32, n: i64) -> Result<&'a [f32], String> {
     let n = size(n, "the vocabulary size")?;
     if n == 0 || logits.is_null() {
@@ -103,14 +122,8 @@ pub unsafe extern "C" fn kwker_sample(
 ) -> i32 {
     guarded(err, err_len, || {
         let (lg, sp) = (logits_of(logits, n)?, params(p)?);
-        if out.is_null() {
-            return Err("null output".into());
-        }
-        // SAFETY: `state` as the caller's contract says.
-        let tok = unsafe { with_rng(state, |r| sample(lg, &sp, r)) }?;
-        // SAFETY: writable (caller's contract, null-checked).
-        unsafe { *out = i64::from(tok) };
-        Ok(())
+        // SAFETY: `state` and `out` as the caller's contract says.
+        unsafe { token_into(state, out, |r| sample(lg, &sp, r)) }
     })
 }
 
@@ -154,8 +167,8 @@ pub unsafe extern "C" fn kwker_sample_draw(
 ) -> i32 {
     guarded(err, err_len, || {
         let n = size(n, "the vocabulary size")?;
-        if n == 0 || probs.is_null() || out.is_null() {
-            return Err("empty weights or null output".into());
+        if n == 0 || probs.is_null() {
+            return Err("empty weights".into());
         }
         // SAFETY: `probs` holds n values (caller's contract), non-null.
         let w = unsafe { raw_slice(probs, n) };
@@ -164,11 +177,8 @@ pub unsafe extern "C" fn kwker_sample_draw(
                 "the weights to draw from must be finite, non-negative and not all zero".into(),
             );
         }
-        // SAFETY: `state` as the caller's contract says.
-        let tok = unsafe { with_rng(state, |r| draw_from(w, r)) }?;
-        // SAFETY: writable (caller's contract, null-checked).
-        unsafe { *out = i64::from(tok) };
-        Ok(())
+        // SAFETY: `state` and `out` as the caller's contract says.
+        unsafe { token_into(state, out, |r| draw_from(w, r)) }
     })
 }
 
