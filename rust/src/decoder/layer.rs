@@ -110,32 +110,29 @@ pub fn run(
             let pre = matches!(r.placement, Placement::Pre | Placement::Sandwich);
             let post_out = matches!(r.placement, Placement::Sandwich | Placement::Post);
             let post_sum = r.placement == Placement::PostResidual;
-            if pre {
-                norm_into(r, w, par, l, ATTN_NORM, x, h);
-                attention(h, a);
-            } else {
-                attention(x, a);
-            }
-            if post_out {
-                norm_here(r, w, par, l, POST_ATTN, a);
-            }
-            ops::add_scaled(x, a, r.residual_scale);
-            if post_sum {
-                norm_here(r, w, par, l, POST_ATTN, x);
-            }
-            if pre {
-                norm_into(r, w, par, l, MLP_NORM, x, h);
-                run_mlp(h, f);
-            } else {
-                run_mlp(x, f);
-            }
-            if post_out {
-                norm_here(r, w, par, l, POST_MLP, f);
-            }
-            ops::add_scaled(x, f, r.residual_scale);
-            if post_sum {
-                norm_here(r, w, par, l, POST_MLP, x);
-            }
+            // One sub-layer as the placement wants it: input norm (pre), the sub-layer, its output norm,
+            // the scaled residual, a norm of the sum (post-residual).
+            let sub = |x: &mut [f32],
+                       h: &mut [f32],
+                       out: &mut [f32],
+                       (input_norm, output_norm): ([Tensor; 2], [Tensor; 2]),
+                       run: &mut dyn FnMut(&[f32], &mut [f32])| {
+                if pre {
+                    norm_into(r, w, par, l, input_norm, x, h);
+                    run(h, out);
+                } else {
+                    run(x, out);
+                }
+                if post_out {
+                    norm_here(r, w, par, l, output_norm, out);
+                }
+                ops::add_scaled(x, out, r.residual_scale);
+                if post_sum {
+                    norm_here(r, w, par, l, output_norm, x);
+                }
+            };
+            sub(x, h, a, (ATTN_NORM, POST_ATTN), &mut attention);
+            sub(x, h, f, (MLP_NORM, POST_MLP), &mut run_mlp);
         }
         Block::Parallel {
             shared_norm,

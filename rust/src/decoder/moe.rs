@@ -18,7 +18,7 @@ use super::linear::{lin, lin_group, LinItem};
 use super::mlp::ffn;
 use super::recipe::{Recipe, Router};
 use super::tensors::Tensor;
-use super::weights::Weights;
+use super::weights::{Mat, Weights};
 use crate::isa::Isa;
 use crate::par::Parallel;
 use crate::vmath;
@@ -88,6 +88,33 @@ fn split_rows<'a>(mut buf: &'a mut [f32], counts: &[usize], width: usize) -> Vec
         buf = rest;
     }
     out
+}
+
+/// One linear item per expert with rows: expert `e` reads its `count[e]` rows of `x` (`k` wide, in
+/// expert order) and writes its rows of `y` (`n` wide) through `mat(e)`.
+fn expert_items<'a>(
+    x: &'a [f32],
+    k: usize,
+    y: &'a mut [f32],
+    n: usize,
+    count: &[usize],
+    mat: &dyn Fn(usize) -> &'a Mat,
+) -> Vec<LinItem<'a>> {
+    let mut items = Vec::new();
+    let mut at = 0;
+    for (e, ye) in split_rows(y, count, n).into_iter().enumerate() {
+        let c = count[e];
+        if c > 0 {
+            items.push(LinItem {
+                x: &x[at * k..(at + c) * k],
+                m: c,
+                w: mat(e),
+                y: ye,
+            });
+        }
+        at += c;
+    }
+    items
 }
 
 /// The mixture of sparse layer `l` over `m` rows of `input` into `out` ([m][hidden]).
@@ -191,22 +218,8 @@ fn grouped(
     let i = r.moe.map_or(0, |m| m.intermediate);
     let ur = r.expert_up_rows();
     let (gu, act) = (&mut gu[..n * ur], &mut act[..n * i]);
-    let mut items = Vec::new();
-    let mut at = 0;
-    for (e, g) in split_rows(gu, count, ur).into_iter().enumerate() {
-        let c = count[e];
-        if c > 0 {
-            let x = &x[at * hd..(at + c) * hd];
-            items.push(LinItem {
-                x,
-                m: c,
-                w: w.expert(l, e).0,
-                y: g,
-            });
-        }
-        at += c;
-    }
-    lin_group(isa, par, items);
+    let first = |e: usize| w.expert(l, e).0;
+    lin_group(isa, par, expert_items(x, hd, gu, ur, count, &first));
     let hidden: &[f32] = if r.mlp.gated {
         for (row, o) in gu.chunks_exact(ur).zip(act.chunks_exact_mut(i)) {
             let (g, u) = row.split_at(i);
@@ -217,22 +230,8 @@ fn grouped(
         vmath::act_in_place(isa, r.mlp.act, gu);
         gu
     };
-    let mut items = Vec::new();
-    let mut at = 0;
-    for (e, ye) in split_rows(y, count, hd).into_iter().enumerate() {
-        let c = count[e];
-        if c > 0 {
-            let h = &hidden[at * i..(at + c) * i];
-            items.push(LinItem {
-                x: h,
-                m: c,
-                w: w.expert(l, e).1,
-                y: ye,
-            });
-        }
-        at += c;
-    }
-    lin_group(isa, par, items);
+    let down = |e: usize| w.expert(l, e).1;
+    lin_group(isa, par, expert_items(hidden, i, y, hd, count, &down));
 }
 
 #[cfg(test)]

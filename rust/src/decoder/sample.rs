@@ -239,6 +239,14 @@ fn draw(cand: &[u32], probs: &[f64], rng: &mut Rng, skip: Option<u32>) -> u32 {
 mod tests {
     use super::*;
 
+    /// Sampling at temperature 1 with no cut.
+    fn plain() -> SampleParams {
+        SampleParams {
+            temperature: 1.0,
+            ..SampleParams::greedy()
+        }
+    }
+
     #[test]
     fn greedy_takes_the_first_maximum() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
@@ -251,19 +259,13 @@ mod tests {
         let mut rng = Rng::new(1);
         for _ in 0..100 {
             let k1 = SampleParams {
-                temperature: 1.0,
                 top_k: 1,
-                top_p: 1.0,
-                min_p: 0.0,
-                seed: 0,
+                ..plain()
             };
             assert_eq!(sample(&logits, &k1, &mut rng), 1);
             let p = SampleParams {
-                temperature: 1.0,
-                top_k: 0,
                 top_p: 1e-6,
-                min_p: 0.0,
-                seed: 0,
+                ..plain()
             };
             assert_eq!(sample(&logits, &p, &mut rng), 1);
         }
@@ -272,13 +274,7 @@ mod tests {
     #[test]
     fn frequencies_follow_the_softmax() {
         let logits = [0.0f32, (2.0f32).ln(), (3.0f32).ln(), -50.0];
-        let p = SampleParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: 0,
-        };
+        let p = plain();
         let mut rng = Rng::new(7);
         let mut counts = [0usize; 4];
         let n = 60000;
@@ -330,13 +326,7 @@ mod tests {
     #[test]
     fn verified_drafts_keep_the_distribution() {
         let logits = [0.0f32, (2.0f32).ln(), (3.0f32).ln(), -50.0];
-        let p = SampleParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: 0,
-        };
+        let p = plain();
         for draft in [0u32, 2, 3] {
             let mut rng = Rng::new(11 + draft as u64);
             let (mut counts, mut kept) = ([0usize; 4], 0usize);

@@ -11,7 +11,7 @@
 
 use super::view::{load_f32, load_i64, store_f32, store_i64, DType, Layout, View};
 
-/// Elementwise operations (codes match `kwker_torch/planner.py`).
+/// Elementwise operations (codes match `kwker_torch/compile/descs.py`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EwOp {
     Copy,
@@ -148,9 +148,9 @@ impl Ew {
                 // SAFETY: row `offs` plus elements start..start+n stays inside every view.
                 unsafe {
                     if self.integer {
-                        self.chunk_i64(out_ptr, arg_ptrs, offs, ninner, start, n)
+                        self.chunk::<i64>(out_ptr, arg_ptrs, offs, ninner, start, n)
                     } else {
-                        self.chunk_f32(out_ptr, arg_ptrs, offs, ninner, start, n)
+                        self.chunk::<f32>(out_ptr, arg_ptrs, offs, ninner, start, n)
                     }
                 }
                 start += n;
@@ -191,7 +191,7 @@ impl Ew {
 
     /// # Safety
     /// As for `run`, for one in-range chunk.
-    unsafe fn chunk_f32(
+    unsafe fn chunk<T: Lane>(
         &self,
         out_ptr: *mut u8,
         arg_ptrs: &[Option<*mut u8>],
@@ -200,20 +200,66 @@ impl Ew {
         start: usize,
         n: usize,
     ) {
-        let mut bufs = [[0.0f32; CHUNK]; 2];
+        let mut bufs = [[T::default(); CHUNK]; 2];
         self.each_operand(arg_ptrs, offs, last, start, |i, src| match src {
             // SAFETY: in-range chunk of a checked view.
-            Src::View(p, dt, s) => unsafe { load_f32(p, dt, s, &mut bufs[i][..n]) },
-            Src::Scalar(x) => bufs[i][..n].fill(x as f32),
+            Src::View(p, dt, s) => unsafe { T::load(p, dt, s, &mut bufs[i][..n]) },
+            Src::Scalar(x) => bufs[i][..n].fill(T::from_scalar(x)),
         });
         let [a, b] = &mut bufs;
         let (a, b) = (&mut a[..n], &b[..n]);
+        T::apply(self.op, a, b);
+        let s = self.layout.strides[0][last];
+        // SAFETY: in-range chunk of the checked output view.
+        unsafe {
+            T::store(
+                Self::addr(out_ptr, &self.out, offs[0], s, start),
+                self.out.dtype,
+                s,
+                a,
+            )
+        };
+    }
+}
+
+/// What a pointwise chunk computes in: f32 for float tensors, wrapping i64 for integer ones.
+trait Lane: Copy + Default {
+    /// # Safety
+    /// `p` addresses `out.len()` elements of `dt` at `stride`.
+    unsafe fn load(p: *const u8, dt: DType, stride: usize, out: &mut [Self]);
+    /// # Safety
+    /// `p` addresses `src.len()` writable elements of `dt` at `stride`.
+    unsafe fn store(p: *mut u8, dt: DType, stride: usize, src: &[Self]);
+    fn from_scalar(x: f64) -> Self;
+    fn apply(op: EwOp, a: &mut [Self], b: &[Self]);
+}
+
+/// A lane's loads and stores: the view module's functions for that element type.
+macro_rules! lane_io {
+    ($t:ty, $load:ident, $store:ident) => {
+        unsafe fn load(p: *const u8, dt: DType, stride: usize, out: &mut [$t]) {
+            // SAFETY: the caller's.
+            unsafe { $load(p, dt, stride, out) }
+        }
+        unsafe fn store(p: *mut u8, dt: DType, stride: usize, src: &[$t]) {
+            // SAFETY: the caller's.
+            unsafe { $store(p, dt, stride, src) }
+        }
+        fn from_scalar(x: f64) -> $t {
+            x as $t
+        }
+    };
+}
+
+impl Lane for f32 {
+    lane_io!(f32, load_f32, store_f32);
+    fn apply(op: EwOp, a: &mut [f32], b: &[f32]) {
         let f64map = |a: &mut [f32], f: fn(f64) -> f64| {
             for x in a.iter_mut() {
                 *x = f(*x as f64) as f32;
             }
         };
-        match self.op {
+        match op {
             EwOp::Copy => {}
             EwOp::Add => a.iter_mut().zip(b).for_each(|(x, y)| *x += y),
             EwOp::Sub => a.iter_mut().zip(b).for_each(|(x, y)| *x -= y),
@@ -244,38 +290,13 @@ impl Ew {
                 0.5 * x * (1.0 + (K * (x + 0.044715 * x * x * x)).tanh())
             }),
         }
-        let s = self.layout.strides[0][last];
-        // SAFETY: in-range chunk of the checked output view.
-        unsafe {
-            store_f32(
-                Self::addr(out_ptr, &self.out, offs[0], s, start),
-                self.out.dtype,
-                s,
-                a,
-            )
-        };
     }
+}
 
-    /// # Safety
-    /// As for `run`, for one in-range chunk.
-    unsafe fn chunk_i64(
-        &self,
-        out_ptr: *mut u8,
-        arg_ptrs: &[Option<*mut u8>],
-        offs: &[usize],
-        last: usize,
-        start: usize,
-        n: usize,
-    ) {
-        let mut bufs = [[0i64; CHUNK]; 2];
-        self.each_operand(arg_ptrs, offs, last, start, |i, src| match src {
-            // SAFETY: in-range chunk of a checked view.
-            Src::View(p, dt, s) => unsafe { load_i64(p, dt, s, &mut bufs[i][..n]) },
-            Src::Scalar(x) => bufs[i][..n].fill(x as i64),
-        });
-        let [a, b] = &mut bufs;
-        let (a, b) = (&mut a[..n], &b[..n]);
-        match self.op {
+impl Lane for i64 {
+    lane_io!(i64, load_i64, store_i64);
+    fn apply(op: EwOp, a: &mut [i64], b: &[i64]) {
+        match op {
             EwOp::Add => a
                 .iter_mut()
                 .zip(b)
@@ -292,16 +313,6 @@ impl Ew {
             EwOp::Square => a.iter_mut().for_each(|x| *x = x.wrapping_mul(*x)),
             _ => {} // Copy (others rejected in `new`)
         }
-        let s = self.layout.strides[0][last];
-        // SAFETY: in-range chunk of the checked output view.
-        unsafe {
-            store_i64(
-                Self::addr(out_ptr, &self.out, offs[0], s, start),
-                self.out.dtype,
-                s,
-                a,
-            )
-        };
     }
 }
 
