@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +42,16 @@ class CargoBuild(build_ext):
         shutil.copyfile(os.path.join(ROOT, "target", "release", LIB), dest)
 
 
+class AnyPythonWheel(bdist_wheel):
+    """Tags the wheel `py3-none-<platform>`: the library is loaded by torch, not imported by Python, so one wheel
+    serves every Python 3 on the platform. `auditwheel repair` (see tests/project/test_wheel.py) then retags it
+    manylinux, leaving torch's own libraries out of it."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return "py3", "none", super().get_tag()[2]
+
+
 setup(
     ext_modules=[Extension("kwker_torch.libkwker_shim", sources=[])],
-    cmdclass={"build_ext": CargoBuild},
+    cmdclass={"build_ext": CargoBuild, "bdist_wheel": AnyPythonWheel},
 )
