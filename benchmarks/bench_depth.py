@@ -28,7 +28,8 @@ dim x 4 bytes, marked "computed"); llama.cpp's from its cache type (f16: 2 bytes
 Run: ``flock /tmp/kwker-build.lock python benchmarks/bench_depth.py [--rounds 3] [--models ...] [--depths ...]
 [--precisions int4 int8 preserve] [--peer-cache f16 q8_0] [--kv-cache f32] [--text FILE]``; 2 threads. Depth 16,384
 on SmolLM2-1.7B fills ~17k tokens per contender and holds ~6.7 GB of float32 KV: expect a long run. Results:
-``benchmarks/results/depth.json``; tables are printed as they are measured, a progress line per measurement.
+``benchmarks/results/depth.json`` (with each fill's seconds); tables are printed as they are measured, a progress
+line per measurement.
 """
 
 from __future__ import annotations
@@ -231,6 +232,7 @@ def bench_pair(name: str, label: str, model: torch.nn.Module, prec: str, depths:
             if d:
                 for n in names:
                     secs = kwk_fill(dec, ids[:d]) if n == kwk else workers[n].fill(ids[:d])
+                    extra.setdefault("fill_seconds", {})[f"{label} {n} depth {d}"] = secs
                     rate = f"{secs:.1f} s ({d / secs:.0f} tok/s, untimed)"
                     say(f"  fill {d} tokens: {n} {rate}; {eta.add(fill_units(d))}")
             t: dict[str, dict[str, list[float]]] = {n: {"pp": [], "tg": []} for n in names}
@@ -290,6 +292,7 @@ def main() -> None:
     if any(d < 0 for d in a.depths) or a.rounds < 1:
         raise SystemExit("--depths must be >= 0 and --rounds >= 1")
     depths = sorted(set(a.depths))
+    a.models, a.precisions, a.peer_cache = (list(dict.fromkeys(x)) for x in (a.models, a.precisions, a.peer_cache))
     triad = start("native")
     ids, about = text_ids(a.text, max(depths) + PP)
     say(f"context text: {about}")
