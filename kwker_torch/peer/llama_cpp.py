@@ -6,12 +6,16 @@ context manager; ``close()`` stops the worker (also at exit). Methods:
 
 - ``load(gguf_path, n_ctx=4096, n_batch=512, n_seq_max=1)`` -> dict: n_vocab, n_ctx, model desc/size/params,
   ``system_info`` (``llama_print_system_info()``) and the build's flags. Keywords ``flash_attn``
-  ("auto" as llama-bench, "on", "off"), ``kv_type`` ("f16" as llama-bench, "f32", ...) and ``kv_unified``
-  pass through to the context. ``worker.info`` keeps the dict of the last load.
+  ("auto" as llama-bench, "on", "off"), ``kv_type`` ("f16" as llama-bench, "f32", "q8_0", ...; K and V alike)
+  and ``kv_unified`` pass through to the context; ``flash_attn_log`` holds llama.cpp's own lines about flash
+  attention from that load (what it resolved "auto" to). ``worker.info`` keeps the dict of the last load.
 - ``logits(ids)`` -> float32 ndarray [len(ids), n_vocab]: a fresh sequence, every position's logits,
   decoded in n_batch chunks; the array travels through a .npy file in /dev/shm (deleted after reading).
 - ``pp(n_tokens=512)`` / ``tg(n_tokens=128)`` -> seconds, timed as llama-bench's pp/tg tests (see
-  ``worker.py``: warm-up as llama-bench, memory cleared, a persistent threadpool).
+  ``worker.py``: warm-up as llama-bench, memory cleared, a persistent threadpool). ``depth=d``: after d tokens
+  of context (llama-bench ``-d``), those of the last ``fill(ids)`` with ``len(ids) == d`` (cut back to them),
+  else d random tokens decoded untimed; ``tokens=``: the tokens to time instead of random ones.
+- ``fill(ids)`` -> seconds: the context cleared and ``ids`` decoded in n_batch chunks, for pp/tg at that depth.
 - ``batched(n_seq, n_prompt, n_gen)`` -> dict of prompt_s, gen_s, gen_tok_s (summed over sequences), as
   llama-batched-bench; load with ``n_seq_max >= n_seq`` and ``n_ctx >= n_seq * (n_prompt + n_gen)``.
 - ``generate_greedy(ids, n_new)`` -> exactly n_new argmax tokens (``stop_at_eog=True`` stops at an
@@ -120,13 +124,21 @@ class LlamaCppWorker:
         finally:
             os.unlink(path)
 
-    def pp(self, n_tokens: int = 512, warmup: bool = True) -> float:
-        """Seconds for one n_tokens prompt, timed as llama-bench's ppN (tok/s = n_tokens / seconds)."""
-        return float(self._call("pp", n_tokens=n_tokens, warmup=warmup))
+    def pp(self, n_tokens: int = 512, warmup: bool = True, *, depth: int = 0, tokens: list[int] | None = None) -> float:
+        """Seconds for one n_tokens prompt, timed as llama-bench's ppN (tok/s = n_tokens / seconds); ``depth``:
+        after that many tokens of context (``-d``, the fill untimed); ``tokens``: these instead of random ones."""
+        toks = None if tokens is None else [int(t) for t in tokens]
+        return float(self._call("pp", n_tokens=n_tokens, warmup=warmup, depth=depth, tokens=toks))
 
-    def tg(self, n_tokens: int = 128, warmup: bool = True) -> float:
-        """Seconds for n_tokens single-token decodes, timed as llama-bench's tgN."""
-        return float(self._call("tg", n_tokens=n_tokens, warmup=warmup))
+    def tg(self, n_tokens: int = 128, warmup: bool = True, *, depth: int = 0, tokens: list[int] | None = None) -> float:
+        """Seconds for n_tokens single-token decodes, timed as llama-bench's tgN; ``depth``, ``tokens`` as pp."""
+        toks = None if tokens is None else [int(t) for t in tokens]
+        return float(self._call("tg", n_tokens=n_tokens, warmup=warmup, depth=depth, tokens=toks))
+
+    def fill(self, ids: list[int]) -> float:
+        """Clears the context and decodes ``ids`` (untimed by pp/tg): later ``pp``/``tg`` with
+        ``depth=len(ids)`` run after them. Returns the seconds the fill took."""
+        return float(self._call("fill", ids=[int(t) for t in ids]))
 
     def batched(self, n_seq: int, n_prompt: int, n_gen: int) -> dict[str, Any]:
         """n_seq sequences: prompts in one batch, then n_gen one-token-per-sequence steps (batched-bench)."""

@@ -15,7 +15,14 @@ Timing protocols (copied from the llama.cpp sources in the 0.3.35 sdist):
   single-token decode for tg; then ``llama_memory_clear``, and timed: ``test_prompt`` (random tokens, the
   first one BOS if the vocabulary adds BOS, in ``llama_batch_get_one`` chunks of n_batch, so logits only
   on each chunk's last row, one ``llama_synchronize`` at the end) or ``test_gen`` (n single-token
-  ``llama_batch_get_one`` decodes, ``llama_synchronize`` after each). Tokens come from a fixed seed.
+  ``llama_batch_get_one`` decodes, ``llama_synchronize`` after each). Tokens come from a fixed seed, or are the
+  caller's (``tokens=``).
+- At a depth (``depth=d``, llama-bench's ``-d``): the timed test runs after d tokens of context, the fill excluded
+  from the time. The context holding the tokens of the last ``fill(ids)`` (or of an untimed random fill of d
+  tokens, as llama-bench's depth run, when it holds no fill of that length) is cut back to its first d tokens
+  (``llama_memory_seq_rm``) before the warm-up and before the timed run; llama-bench restores a saved copy of
+  the filled state instead, which holds the same cells. The warm-up runs at the depth, not on an empty
+  context. ``depth=0`` is the behaviour above.
   One difference: llama-bench makes a context of n_prompt + n_gen cells per test, this uses the loaded
   one (4096 by default); attention spans the used cells padded to 256 either way (``get_n_kv``), so the
   work is the same (measured on SmolLM2-135M: tg128 equal within the VM's noise for n_ctx 128..4096).
@@ -73,12 +80,16 @@ class Worker:
         self.n_batch = 0
         self.threadpool: Any = None
         self.recent_log: collections.deque[str] = collections.deque(maxlen=30)
+        self.flash_log: list[str] = []  # llama.cpp's lines about flash attention, of any level (load() returns them)
+        self.depth = 0  # tokens of the last fill() the memory holds at its start (0 once cleared)
         self._last_level = 0
 
         def on_log(level: int, text: bytes | None, _user: Any) -> None:
             if level == 5:  # GGML_LOG_LEVEL_CONT: continues the previous line
                 level = self._last_level
             self._last_level = level
+            if text and b"flash" in text.lower():
+                self.flash_log.append(text.decode("utf-8", "replace").rstrip())
             if level >= 3 and text:  # WARN, ERROR
                 self.recent_log.append(text.decode("utf-8", "replace").rstrip())
 
@@ -116,6 +127,20 @@ class Worker:
 
     def _clear(self) -> None:
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), False)
+        self.depth = 0
+
+    def _at_depth(self, depth: int, rng: Any) -> None:
+        """Leaves the memory holding ``depth`` tokens (module doc): cleared for 0, the held fill cut back to
+        ``depth`` tokens, else an untimed fill of ``depth`` random tokens (llama-bench's depth run)."""
+        if depth == 0:
+            self._clear()
+        elif self.depth == depth:
+            if not self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, depth, -1):
+                raise RuntimeError(f"llama_memory_seq_rm could not cut the context back to {depth} tokens")
+        else:
+            self._clear()
+            self._test_prompt(depth, rng)
+            self.depth = depth
 
     def _attach_threadpool(self) -> None:
         if self.threadpool is None:
@@ -197,6 +222,7 @@ class Worker:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         self._free()
         self.recent_log.clear()
+        self.flash_log.clear()
         mparams = lc.llama_model_default_params()
         mparams.n_gpu_layers = 0
         model = lc.llama_model_load_from_file(gguf_path.encode(), mparams)
@@ -244,6 +270,7 @@ class Worker:
             "n_seq_max": lc.llama_n_seq_max(ctx),
             "n_threads": self.threads,
             "flash_attn": flash_attn,
+            "flash_attn_log": list(self.flash_log),
             "kv_type": kv_type,
             "kv_unified": kv_unified,
             "arch": arch,
@@ -294,29 +321,35 @@ class Worker:
         if bad:
             raise ValueError(f"token ids out of range 0..{self.n_vocab - 1}: {bad[:5]}")
 
-    def _test_prompt(self, n_prompt: int, rng: Any) -> None:
-        """llama-bench's test_prompt."""
+    def _test_prompt(self, n_prompt: int, rng: Any, tokens: list[int] | None = None) -> None:
+        """llama-bench's test_prompt (``tokens``: the caller's instead of random ones and BOS)."""
         lc = self.lc
         add_bos = lc.llama_vocab_get_add_bos(self.vocab)
         bos = lc.llama_vocab_bos(self.vocab)
         n_processed = 0
         while n_processed < n_prompt:
             n = min(n_prompt - n_processed, self.n_batch)
-            toks = self._rand_tokens(n, rng)
-            if n_processed == 0 and add_bos:
-                toks[0] = bos
+            if tokens is not None:
+                toks = tokens[n_processed:n_processed + n]
+            else:
+                toks = self._rand_tokens(n, rng)
+                if n_processed == 0 and add_bos:
+                    toks[0] = bos
             arr = (lc.llama_token * n)(*toks)
             self._decode(lc.llama_batch_get_one(arr, n), "prompt batch")
             n_processed += n
         lc.llama_synchronize(self.ctx)
 
-    def _test_gen(self, n_gen: int, rng: Any) -> None:
-        """llama-bench's test_gen."""
+    def _test_gen(self, n_gen: int, rng: Any, tokens: list[int] | None = None) -> None:
+        """llama-bench's test_gen (``tokens``: the caller's instead of random ones and BOS)."""
         lc = self.lc
         tok = (lc.llama_token * 1)()
-        add_bos = lc.llama_vocab_get_add_bos(self.vocab)
-        tok[0] = lc.llama_vocab_bos(self.vocab) if add_bos else self._rand_tokens(1, rng)[0]
-        nxt = self._rand_tokens(n_gen, rng)
+        if tokens is not None:
+            tok[0], nxt = tokens[0], [*tokens[1:n_gen], 0]
+        else:
+            add_bos = lc.llama_vocab_get_add_bos(self.vocab)
+            tok[0] = lc.llama_vocab_bos(self.vocab) if add_bos else self._rand_tokens(1, rng)[0]
+            nxt = self._rand_tokens(n_gen, rng)
         for i in range(n_gen):
             self._decode(lc.llama_batch_get_one(tok, 1), "generation token")
             lc.llama_synchronize(self.ctx)
@@ -328,26 +361,46 @@ class Worker:
             raise ValueError(
                 f"{what}: {n} tokens do not fit the context ({room} per sequence); load() with n_ctx >= {n}")
 
-    def _bench(self, what: str, test: Callable[[int, Any], None], n_tokens: int, warmup_tokens: int | None) -> float:
+    def _bench(self, what: str, test: Callable[..., None], n_tokens: int, warmup_tokens: int | None,
+               depth: int = 0, tokens: list[int] | None = None) -> float:  # fmt: skip
         """Seconds of llama-bench's timed ``test`` of ``n_tokens`` (module doc): the threadpool attached, an
-        untimed warm-up run of ``warmup_tokens`` (None: no warm-up), the memory cleared, then the timed run."""
+        untimed warm-up run of ``warmup_tokens`` (None: no warm-up), the memory cleared (or, at ``depth``, cut
+        back to the depth's fill), then the timed run (of ``tokens`` if given)."""
         self._need_ctx()
-        self._check_room(n_tokens, what)
+        self._check_room(depth + n_tokens, what)
+        if tokens is not None:
+            if len(tokens) < n_tokens:
+                raise ValueError(f"{what}: {len(tokens)} tokens given for a test of {n_tokens}")
+            self._check_ids(tokens)
         self._attach_threadpool()
         rng = self.np.random.default_rng(_SEED)
         if warmup_tokens is not None:
-            self._clear()
+            self._at_depth(depth, rng)
             test(warmup_tokens, rng)
-        self._clear()
+        self._at_depth(depth, rng)
         t0 = time.perf_counter_ns()
-        test(n_tokens, rng)
+        test(n_tokens, rng, tokens)
         return (time.perf_counter_ns() - t0) / 1e9
 
-    def pp(self, n_tokens: int = 512, warmup: bool = True) -> float:
-        return self._bench("pp", self._test_prompt, n_tokens, n_tokens if warmup else None)
+    def pp(self, n_tokens: int = 512, warmup: bool = True, depth: int = 0, tokens: list[int] | None = None) -> float:
+        return self._bench("pp", self._test_prompt, n_tokens, n_tokens if warmup else None, depth, tokens)
 
-    def tg(self, n_tokens: int = 128, warmup: bool = True) -> float:
-        return self._bench("tg", self._test_gen, n_tokens, 1 if warmup else None)
+    def tg(self, n_tokens: int = 128, warmup: bool = True, depth: int = 0, tokens: list[int] | None = None) -> float:
+        return self._bench("tg", self._test_gen, n_tokens, 1 if warmup else None, depth, tokens)
+
+    def fill(self, ids: list[int]) -> float:
+        """Clears the memory and decodes ``ids`` in n_batch chunks (as test_prompt); later pp/tg at
+        ``depth=len(ids)`` run after them. Returns the seconds it took (not part of any test's time)."""
+        self._need_ctx()
+        self._check_room(len(ids), "fill")
+        self._check_ids(ids)
+        self._attach_threadpool()
+        self._clear()
+        t0 = time.perf_counter_ns()
+        self._test_prompt(len(ids), None, [int(t) for t in ids])
+        seconds = (time.perf_counter_ns() - t0) / 1e9
+        self.depth = len(ids)
+        return seconds
 
     def batched(self, n_seq: int, n_prompt: int, n_gen: int) -> dict[str, Any]:
         self._need_ctx()
@@ -475,7 +528,7 @@ def serve(lib_dir: str, threads: int) -> None:
         proto.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}",
                                 "traceback": traceback.format_exc()}) + "\n")
         return
-    ops = {"load", "logits", "pp", "tg", "batched", "generate_greedy", "tokenize", "quantize", "system_info",
+    ops = {"load", "logits", "pp", "tg", "fill", "batched", "generate_greedy", "tokenize", "quantize", "system_info",
            "close"}
     for line in sys.stdin:
         if not line.strip():
