@@ -17,7 +17,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
 /// Version of this boundary; `native.py` refuses a library of another.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// Element types a tensor can be handed over in.
 const DTYPES: [&str; 2] = ["f32", "bf16"];

@@ -134,6 +134,38 @@ pub unsafe extern "C" fn kwker_decoder_slot_len(h: *mut c_void, slot: i64) -> i6
     lock(h).slot_len(slot).map(|n| n as i64).unwrap_or(-1)
 }
 
+/// The shortest length other than 0 a slot can keep (`truncate`, `copy_prefix`): its windowed layers
+/// hold only their window and a few older keys. -1 for a bad handle or slot.
+///
+/// # Safety
+/// `h` a live decoder.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_slot_min_len(h: *mut c_void, slot: i64) -> i64 {
+    // SAFETY: forwarded caller guarantee.
+    let Ok(h) = (unsafe { handle(h) }) else {
+        return -1;
+    };
+    let Ok(slot) = usize::try_from(slot) else {
+        return -1;
+    };
+    lock(h).slot_min_len(slot).map(|n| n as i64).unwrap_or(-1)
+}
+
+/// Bytes of the KV cache: `per_token` = 0 gives one slot's at max_context, 1 what each token adds.
+/// -1 for a bad handle.
+///
+/// # Safety
+/// `h` a live decoder.
+#[no_mangle]
+pub unsafe extern "C" fn kwker_decoder_kv_bytes(h: *mut c_void, per_token: i32) -> i64 {
+    // SAFETY: forwarded caller guarantee.
+    let Ok(h) = (unsafe { handle(h) }) else {
+        return -1;
+    };
+    let (slot, token) = lock(h).kv_bytes();
+    (if per_token != 0 { token } else { slot }) as i64
+}
+
 /// Copies up to `cap` of a slot's tokens into `out`.
 ///
 /// # Safety

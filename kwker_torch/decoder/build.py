@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from . import families, native, plan
-from .common import CHUNK_ROWS, PRECISIONS, eos_ids, mem_total
+from .common import CHUNK_ROWS, PRECISIONS, eos_ids, kv_cache_bytes, mem_total
 
 log = logging.getLogger("kwker_torch")
 
@@ -66,7 +66,7 @@ def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_
             f"kwker: max_context={max_context} is more than this model's {learned['len'] - learned['offset']} learned "
             "positions (max_position_embeddings / n_positions); use a smaller max_context"
         )
-    kv_bytes = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
+    kv_bytes = max_batch * kv_cache_bytes(recipe, max_context)
     total = mem_total()
     if total is not None and kv_bytes > 0.8 * total:
         raise ValueError(
@@ -156,7 +156,6 @@ def from_hf(
             _put(builder, src, choose, info, bits, imp, recipe["tied_embeddings"], share, key in done)
     h = builder.build()
     info["weight_bytes_per_token"] = int(native.LIB.kwker_decoder_weight_bytes(h))
-    info["kv_bytes"] = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
     dec = cls(h, model.config, recipe["vocab"], max_batch, max_context, info, eos_ids(model), fam.name)
     counts = ", ".join(
         f"{info[f + '_matrices']} {f}" for f in ("bf16", "f32", *plan.QUANT) if info[f + "_matrices"]

@@ -13,6 +13,23 @@ PRECISIONS = ("preserve", "balanced", "int8", "int4")
 # Rows (tokens) per pass over the weights: prompts longer than this are read in chunks.
 CHUNK_ROWS = 512
 
+# Tokens older than its window that a sliding-window layer keeps (rust/src/decoder/cache.rs KEEP): how far back
+# a slot can be truncated past its window.
+WINDOW_KEEP = 64
+
+
+def kv_cache_bytes(recipe: dict, max_context: int) -> int:
+    """Bytes of one slot's float32 KV cache at ``max_context``, as the native cache allocates it: a global layer
+    holds every position, a sliding-window layer its window, ``WINDOW_KEEP`` older keys and two chunks of rows
+    (``cache.rs`` ``window_capacity``; ``dec.info["kv_bytes_per_slot"]`` is the native figure, tested equal)."""
+    per_position = 2 * recipe["kv_heads"] * recipe["head_dim"] * 4
+    positions = 0
+    for spec in recipe["layer_specs"]:
+        w = spec.get("window")
+        positions += max_context if w is None else min(max_context, w - 1 + WINDOW_KEEP + 2 * CHUNK_ROWS)
+    return positions * per_position
+
+
 # Most draft tokens per speculative step that generate() proposes by default (prompt lookup).
 PROMPT_LOOKUP = 8
 

@@ -248,7 +248,6 @@ def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_co
     info["active_weights"] = info["total_weights"] = int(bits[1])
     h = builder.build()
     info["weight_bytes_per_token"] = int(native.LIB.kwker_decoder_weight_bytes(h))
-    info["kv_bytes"] = max_batch * recipe["layers"] * 2 * recipe["kv_heads"] * max_context * recipe["head_dim"] * 4
     dec = cls(h, cfg, recipe["vocab"], max_batch, max_context, info, eos_ids(model), fam.name)
     log.info("kwker: KwkDecoder from %s (%s): %d matrices exactly as stored, %d converted, %.2f bits per weight",
              fname, fam.name, len(info["gguf"]["exact"]), len(info["gguf"]["converted"]),

@@ -141,7 +141,6 @@ def _load(cls: Any, path: str | os.PathLike[str], meta: dict, max_batch: int | N
                 raise _bad(path, str(exc).removeprefix("kwker: ")) from exc
     # Everything read from kwker.json before the build, so that a malformed entry cannot leak a handle.
     info, r, eos, family = dict(meta["info"]), meta["recipe"], meta["eos"], meta.get("family", "")
-    info["kv_bytes"] = slots * r["layers"] * 2 * r["kv_heads"] * context * r["head_dim"] * 4
     try:
         h = b.build()
     except ValueError as exc:

@@ -18,7 +18,7 @@ import torch
 
 from ..ops import native as _native
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 ERR_LEN = 2048
 
 LIB = _native.LIB
@@ -67,6 +67,8 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "kwker_decoder_weight_bytes": (I64, [P]),
     "kwker_decoder_step": (I32, [P, I64, i64p, i64p, i64p, i32p, f32p, I64, STR, SZ]),
     "kwker_decoder_slot_len": (I64, [P, I64]),
+    "kwker_decoder_slot_min_len": (I64, [P, I64]),
+    "kwker_decoder_kv_bytes": (I64, [P, I32]),
     "kwker_decoder_slot_tokens": (I32, [P, I64, i64p, I64, STR, SZ]),
     "kwker_decoder_truncate": (I32, [P, I64, I64, STR, SZ]),
     "kwker_decoder_copy_prefix": (I32, [P, I64, I64, I64, STR, SZ]),

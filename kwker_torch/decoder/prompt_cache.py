@@ -8,7 +8,9 @@ conversation's cache is evicted last), into which the longest matching start hel
 slots' KV (``max_batch`` x ``max_context``, allocated when touched); eviction is least recently used.
 
 Exactness: a reused K/V is the one computed when the slot read those tokens, from the same weights and
-positions; a slot whose text starts at another rotary position (``set_position``) offers nothing.
+positions; a slot whose text starts at another rotary position (``set_position``) offers nothing, nor does a
+start that a model's sliding-window layers no longer hold (``dec.slot_min_len``: they keep their window and 64
+older tokens).
 """
 
 from __future__ import annotations
@@ -41,11 +43,18 @@ def held(dec: KwkDecoder, slot: int) -> list[int]:
     return [] if dec.start_position(slot) else dec.slot_tokens(slot)
 
 
+def keepable(dec: KwkDecoder, slot: int, have: int, n: int) -> int:
+    """``n`` if the slot can keep (or lend) its first ``n`` of ``have`` tokens, else 0: a model's sliding-window
+    layers hold only their window and a few older tokens, so a start much shorter than what the slot has read
+    since is gone from them (``dec.slot_min_len``)."""
+    return n if n in (0, have) or n >= dec.slot_min_len(slot) else 0
+
+
 def seat(dec: KwkDecoder, prompt: torch.Tensor, candidates: Sequence[int], sources: Sequence[int]) -> tuple[int, int]:
     """Picks a slot among ``candidates`` (least recently used first) for ``prompt`` and makes it hold the
     longest start of the prompt that it or one of ``sources`` holds. Returns (slot, tokens held)."""
     texts = {s: held(dec, s) for s in {*candidates, *sources}}
-    com = {s: common(t, prompt) for s, t in texts.items()}
+    com = {s: keepable(dec, s, len(t), common(t, prompt)) for s, t in texts.items()}
     full = len(prompt) - 1
     cont = [s for s in candidates if com[s] > 0 and com[s] in (len(texts[s]), full)]
     slot = max(cont, key=lambda s: (com[s], -list(candidates).index(s))) if cont else candidates[0]

@@ -54,6 +54,10 @@ class KwkDecoder:
         self.max_batch = max_batch
         self.max_context = max_context
         self.info = info  # what was stored how (dtypes, bytes): for reports and tests
+        # The KV cache as built: sliding-window layers hold only their window (rust/src/decoder/cache.rs).
+        info["kv_bytes_per_slot"] = int(native.LIB.kwker_decoder_kv_bytes(self._h, 0))
+        info["kv_bytes_per_token"] = int(native.LIB.kwker_decoder_kv_bytes(self._h, 1))
+        info["kv_bytes"] = max_batch * info["kv_bytes_per_slot"]
         self.native_steps = 0  # native calls made (tests prove the fast path ran with it)
         self._count_lock = threading.Lock()
         self._err = threading.local()
@@ -209,6 +213,15 @@ class KwkDecoder:
         """Tokens slot ``slot`` holds."""
         self._check_reentry()
         n = int(native.LIB.kwker_decoder_slot_len(self._h, slot))
+        if n < 0:
+            raise DecoderError(f"kwker: slot {slot} does not exist (this decoder has {self.max_batch} slots)")
+        return n
+
+    def slot_min_len(self, slot: int) -> int:
+        """The shortest length other than 0 that ``truncate`` and ``copy_prefix`` accept for this slot: its
+        sliding-window layers keep only their window and 64 older tokens (0 when nothing was dropped)."""
+        self._check_reentry()
+        n = int(native.LIB.kwker_decoder_slot_min_len(self._h, slot))
         if n < 0:
             raise DecoderError(f"kwker: slot {slot} does not exist (this decoder has {self.max_batch} slots)")
         return n

@@ -129,6 +129,20 @@ impl Decoder {
         Ok(self.cache.len(slot))
     }
 
+    /// The shortest length other than 0 a slot can be truncated to, or its first tokens copied: its
+    /// sliding-window layers keep only their window and `cache::KEEP` older keys.
+    pub fn slot_min_len(&self, slot: usize) -> Result<usize, String> {
+        self.check_slot(slot)?;
+        Ok(self.cache.min_len(slot))
+    }
+
+    /// Bytes of K and V one slot holds at `max_context` (windowed layers hold only their window), and
+    /// the bytes each further token adds (its global layers').
+    pub fn kv_bytes(&self) -> (usize, usize) {
+        let per_token = cache::kv_bytes(&self.recipe, &self.limits).map_or(0, |b| b.1);
+        (self.cache.floats_per_slot() * 4, per_token)
+    }
+
     /// Keeps the first `len` tokens of a slot (0 empties it).
     pub fn truncate(&mut self, slot: usize, len: usize) -> Result<(), String> {
         self.check_slot(slot)?;

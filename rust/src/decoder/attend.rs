@@ -175,8 +175,8 @@ fn attend(
     let r = model.r;
     let (d, hq, hkv) = (r.head_dim, r.heads, r.kv_heads);
     let (qkvw, qw) = (r.qkv_width(), r.q_width());
-    let ctx = model.lim.max_context;
-    let (kb, vb) = cache.layer(g.slot, layer);
+    let ctx = cache.capacity(layer);
+    let (kb, vb, base) = cache.layer(g.slot, layer);
     let n = g.rows.len();
     // The first key the segment's first row sees (its window's start), and the keys up to its last.
     let key0 = params.window.map_or(0, |w| (g.pos0 + 1).saturating_sub(w));
@@ -191,7 +191,8 @@ fn attend(
         dims: [1, hkv, keys, d],
         strides: [hkv * ctx * d, ctx * d, d, 1],
     };
-    let (k, v) = (kv(&kb[key0 * d..]), kv(&vb[key0 * d..]));
+    // A windowed layer holds keys from cache index `base` on (`cache.rs`); key0 >= base always.
+    let (k, v) = (kv(&kb[(key0 - base) * d..]), kv(&vb[(key0 - base) * d..]));
     if n == 1 {
         // One token: [heads][1][d] is already the row layout.
         attention(isa, par, q, k, v, params, &mut out[..qw]);

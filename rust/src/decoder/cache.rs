@@ -1,4 +1,4 @@
-//! Per-slot KV cache and token history, preallocated for `max_context` positions at construction.
+//! Per-slot KV cache and token history, preallocated at construction.
 //!
 //! dtype: f32. The decoder's activations are f32 (`precision="preserve"`), and rounding K and V to
 //! bf16 would move the logits by ~1e-3 relative, a hundred times the 1e-5 the decoder promises
@@ -6,13 +6,37 @@
 //! until a slot's context reaches them).
 //!
 //! Layout per slot: [layer][k|v][kv_head][position][head_dim], so the keys one head attends over are
-//! contiguous. Each slot also keeps the tokens it holds (for prefix reuse by later callers).
+//! contiguous. A global layer holds `max_context` positions. A sliding-window layer of w keys holds
+//! only what its queries can still see: `window_capacity` positions (the window, `KEEP` older ones so
+//! that a slot can be truncated back a little — rejected speculative drafts — and room for two
+//! windows of rows). When a step would run past that, the layer's last `w - 1 + KEEP` keys move to the
+//! front and its `base` (the cache index held at position 0) advances; keys stay contiguous, so the
+//! attention kernels read them as before, and the values are the same floats (exactness unchanged).
+//! The price: a slot cannot be truncated (or its prefix copied) back to a length whose window starts
+//! before a moved-out key; `min_len` says how far back it can go, and both verbs refuse beyond it.
+//! Each slot also keeps the tokens it holds (for prefix reuse by later callers).
 
 use super::recipe::{Limits, Recipe};
+
+/// Keys older than a window that a windowed layer keeps, so a slot can be truncated back by up to
+/// this many tokens past its window (rejected drafts: at most 64 a step anywhere in kwker).
+pub const KEEP: usize = 64;
+
+/// Positions a layer with window `w` holds: all of `max_context` for global layers; else the window,
+/// `KEEP` older keys and two windows of rows (a step of up to `chunk_rows` rows always fits after a move,
+/// and moves come at most once per `chunk_rows` positions).
+pub fn window_capacity(window: Option<usize>, lim: &Limits) -> usize {
+    match window {
+        Some(w) => (w - 1 + KEEP + 2 * lim.chunk_rows).min(lim.max_context),
+        None => lim.max_context,
+    }
+}
 
 pub struct Slot {
     kv: Vec<f32>,
     tokens: Vec<u32>,
+    /// Per layer: the cache index held at position 0 of the layer's block (0 for global layers).
+    base: Vec<usize>,
     /// Rotary position of the next token (its cache index unless the caller set another, e.g. the
     /// column of a left-padded row in a Hugging Face batch).
     next_pos: usize,
@@ -35,20 +59,62 @@ fn zeroed(n: usize) -> Option<Vec<f32>> {
     Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
+/// One layer's place in a slot: its window, how many positions it holds and where its K block starts.
+#[derive(Clone, Copy)]
+struct LayerBlock {
+    window: Option<usize>,
+    capacity: usize,
+    offset: usize,
+}
+
+/// What a caller asked of a slot's start (for the error message).
+#[derive(Clone, Copy)]
+enum Verb {
+    Truncate,
+    Copy,
+}
+
 pub struct KvCache {
     slots: Vec<Slot>,
+    layers: Vec<LayerBlock>,
     kv_heads: usize,
     head_dim: usize,
-    max_context: usize,
-    layers: usize,
+    per_slot: usize,
+}
+
+/// Bytes of K and V one slot holds (float32), and bytes each further token adds (its global layers).
+pub fn kv_bytes(r: &Recipe, lim: &Limits) -> Option<(usize, usize)> {
+    let per_position = 2usize.checked_mul(r.kv_heads)?.checked_mul(r.head_dim)? * 4;
+    let (mut slot, mut token) = (0usize, 0usize);
+    for spec in &r.layer_specs {
+        let cap = window_capacity(spec.window, lim);
+        slot = slot.checked_add(cap.checked_mul(per_position)?)?;
+        if cap == lim.max_context {
+            token += per_position; // a global layer (or a window as long as the context)
+        }
+    }
+    Some((slot, token))
 }
 
 impl KvCache {
     pub fn new(r: &Recipe, lim: &Limits) -> Result<KvCache, String> {
-        let per_slot = [r.layers, 2, r.kv_heads, lim.max_context, r.head_dim]
-            .iter()
-            .try_fold(1usize, |a, &b| a.checked_mul(b))
-            .ok_or("the KV cache size overflows; lower max_context or max_batch")?;
+        let too_big = "the KV cache size overflows; lower max_context or max_batch";
+        let mut layers = Vec::with_capacity(r.layers);
+        let mut at = 0usize;
+        for spec in &r.layer_specs {
+            let capacity = window_capacity(spec.window, lim);
+            layers.push(LayerBlock {
+                window: spec.window,
+                capacity,
+                offset: at,
+            });
+            let block = [2, r.kv_heads, capacity, r.head_dim]
+                .iter()
+                .try_fold(1usize, |a, &b| a.checked_mul(b))
+                .ok_or(too_big)?;
+            at = at.checked_add(block).ok_or(too_big)?;
+        }
+        let per_slot = at;
         let mut slots = Vec::with_capacity(lim.slots);
         for _ in 0..lim.slots {
             let kv = zeroed(per_slot).ok_or_else(|| {
@@ -60,20 +126,26 @@ impl KvCache {
             slots.push(Slot {
                 kv,
                 tokens: Vec::new(),
+                base: vec![0; r.layers],
                 next_pos: 0,
             });
         }
         Ok(KvCache {
             slots,
+            layers,
             kv_heads: r.kv_heads,
             head_dim: r.head_dim,
-            max_context: lim.max_context,
-            layers: r.layers,
+            per_slot,
         })
     }
 
     pub fn n_slots(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Floats of K and V one slot holds.
+    pub fn floats_per_slot(&self) -> usize {
+        self.per_slot
     }
 
     pub fn len(&self, slot: usize) -> usize {
@@ -84,34 +156,61 @@ impl KvCache {
         &self.slots[slot].tokens
     }
 
-    /// Floats of one layer's K (or V) block of a slot: [kv_heads][max_context][head_dim].
-    pub fn block_len(&self) -> usize {
-        self.kv_heads * self.max_context * self.head_dim
+    /// Floats of one head's K (or V) rows of layer `l`: [capacity][head_dim].
+    fn head_len(&self, l: usize) -> usize {
+        self.layers[l].capacity * self.head_dim
     }
 
-    /// Offset of layer `l`'s K (`v = false`) or V block within a slot.
-    fn block_offset(&self, layer: usize, v: bool) -> usize {
-        (2 * layer + v as usize) * self.block_len()
+    /// Layer `l`'s K and V blocks of a slot, each [kv_heads][capacity][head_dim], and the cache index
+    /// of their position 0 (keys of index i sit at position i - base).
+    pub fn layer(&self, slot: usize, l: usize) -> (&[f32], &[f32], usize) {
+        let n = self.kv_heads * self.head_len(l);
+        let k0 = self.layers[l].offset;
+        let s = &self.slots[slot];
+        (&s.kv[k0..k0 + n], &s.kv[k0 + n..k0 + 2 * n], s.base[l])
     }
 
-    /// Layer `l`'s K and V blocks of a slot.
-    pub fn layer(&self, slot: usize, layer: usize) -> (&[f32], &[f32]) {
-        let n = self.block_len();
-        let k0 = self.block_offset(layer, false);
-        let kv = &self.slots[slot].kv;
-        (&kv[k0..k0 + n], &kv[k0 + n..k0 + 2 * n])
+    /// Positions per head in layer `l`'s blocks (the row stride of its heads is this * head_dim).
+    pub fn capacity(&self, l: usize) -> usize {
+        self.layers[l].capacity
+    }
+
+    /// Makes room in every windowed layer of a slot for `n` rows from cache index `first` on (a step's
+    /// segment; `n` <= chunk_rows): a layer that would run past its capacity first moves the keys its
+    /// window and `KEEP` still need to the front. Global layers always have room.
+    pub fn make_room(&mut self, slot: usize, first: usize, n: usize) {
+        let (hd, d) = (self.kv_heads, self.head_dim);
+        for (l, lb) in self.layers.iter().enumerate() {
+            let Some(w) = lb.window else { continue };
+            let s = &mut self.slots[slot];
+            let base = s.base[l];
+            if first + n - base <= lb.capacity {
+                continue;
+            }
+            // Keep the keys from `keep0` on: the window of row `first` and KEEP older ones.
+            let keep0 = first.saturating_sub(w - 1 + KEEP).max(base);
+            let (from, count) = (keep0 - base, first - keep0);
+            let head = lb.capacity * d;
+            for h in 0..2 * hd {
+                let at = lb.offset + h * head;
+                s.kv.copy_within(at + from * d..at + (from + count) * d, at);
+            }
+            s.base[l] = keep0;
+        }
     }
 
     /// Writes the K and V rows of one position (each [kv_heads * head_dim], head-major).
-    pub fn write(&mut self, slot: usize, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let (d, ctx) = (self.head_dim, self.max_context);
-        let k0 = self.block_offset(layer, false);
-        let v0 = self.block_offset(layer, true);
-        let kv = &mut self.slots[slot].kv;
+    pub fn write(&mut self, slot: usize, l: usize, index: usize, k: &[f32], v: &[f32]) {
+        let d = self.head_dim;
+        let head = self.head_len(l);
+        let k0 = self.layers[l].offset;
+        let v0 = k0 + self.kv_heads * head;
+        let s = &mut self.slots[slot];
+        let at0 = (index - s.base[l]) * d;
         for h in 0..self.kv_heads {
-            let at = (h * ctx + pos) * d;
-            kv[k0 + at..k0 + at + d].copy_from_slice(&k[h * d..(h + 1) * d]);
-            kv[v0 + at..v0 + at + d].copy_from_slice(&v[h * d..(h + 1) * d]);
+            let at = h * head + at0;
+            s.kv[k0 + at..k0 + at + d].copy_from_slice(&k[h * d..(h + 1) * d]);
+            s.kv[v0 + at..v0 + at + d].copy_from_slice(&v[h * d..(h + 1) * d]);
         }
     }
 
@@ -132,36 +231,63 @@ impl KvCache {
         self.slots[slot].next_pos = pos;
     }
 
-    /// Keeps the first `len` positions of a slot (`len` <= its length).
-    pub fn truncate(&mut self, slot: usize, len: usize) -> Result<(), String> {
+    /// The shortest length other than 0 a slot can keep (`truncate`, `copy_prefix`): the next token's
+    /// window must still be held by every windowed layer. 0 (emptying) is always possible.
+    pub fn min_len(&self, slot: usize) -> usize {
+        let s = &self.slots[slot];
+        self.layers
+            .iter()
+            .zip(&s.base)
+            .filter(|&(_, &b)| b > 0)
+            .map(|(lb, &b)| b + lb.window.map_or(0, |w| w - 1))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Err unless a slot holding `have` tokens can keep its first `len`.
+    fn check_keep(&self, slot: usize, len: usize, verb: Verb) -> Result<(), String> {
         let have = self.len(slot);
+        let what = match verb {
+            Verb::Truncate => format!("cannot truncate slot {slot} to {len} tokens"),
+            Verb::Copy => format!("cannot copy {len} tokens from slot {slot}"),
+        };
         if len > have {
+            return Err(format!("{what}: it holds only {have}"));
+        }
+        let least = self.min_len(slot);
+        if len != 0 && len < least {
             return Err(format!(
-                "cannot truncate slot {slot} to {len} tokens: it holds only {have}"
+                "{what}: its sliding-window layers no longer hold the keys the window of token {len} \
+                 needs (they keep the last window and {KEEP} tokens; at least {least} tokens can be \
+                 kept). Empty the slot and read the tokens again"
             ));
         }
+        Ok(())
+    }
+
+    /// Keeps the first `len` positions of a slot (0, or from `min_len` to its length).
+    pub fn truncate(&mut self, slot: usize, len: usize) -> Result<(), String> {
+        self.check_keep(slot, len, Verb::Truncate)?;
+        let have = self.len(slot);
         let s = &mut self.slots[slot];
         s.tokens.truncate(len);
-        s.next_pos = if len == 0 {
-            0
+        if len == 0 {
+            s.next_pos = 0;
+            s.base.fill(0);
         } else {
-            s.next_pos - (have - len)
-        };
+            s.next_pos -= have - len;
+        }
         Ok(())
     }
 
     /// Makes `dst` hold the first `len` positions of `src` (K/V and tokens), e.g. a shared prompt.
     pub fn copy_prefix(&mut self, src: usize, dst: usize, len: usize) -> Result<(), String> {
-        let have = self.len(src);
-        if len > have {
-            return Err(format!(
-                "cannot copy {len} tokens from slot {src}: it holds only {have}"
-            ));
-        }
+        self.check_keep(src, len, Verb::Copy)?;
         if src == dst {
             return self.truncate(dst, len);
         }
-        let (d, ctx) = (self.head_dim, self.max_context);
+        let have = self.len(src);
+        let d = self.head_dim;
         let (a, b) = (src.min(dst), src.max(dst));
         let (lo, hi) = self.slots.split_at_mut(b);
         let (from, to) = if src < dst {
@@ -169,11 +295,15 @@ impl KvCache {
         } else {
             (&hi[0], &mut lo[a])
         };
-        for block in 0..2 * self.layers {
-            for h in 0..self.kv_heads {
-                let at = block * self.kv_heads * ctx * d + h * ctx * d;
-                to.kv[at..at + len * d].copy_from_slice(&from.kv[at..at + len * d]);
+        for (l, lb) in self.layers.iter().enumerate() {
+            let base = if len == 0 { 0 } else { from.base[l] };
+            let n = (len - base.min(len)) * d;
+            let head = lb.capacity * d;
+            for h in 0..2 * self.kv_heads {
+                let at = lb.offset + h * head;
+                to.kv[at..at + n].copy_from_slice(&from.kv[at..at + n]);
             }
+            to.base[l] = base;
         }
         to.tokens.clear();
         to.tokens.extend_from_slice(&from.tokens[..len]);

@@ -104,6 +104,9 @@ pub fn step(
         let win = &rows[w0..w1];
         embed(model, isa, par, s, win, &tokens[w0..w1]);
         let segs = segments(win);
+        for g in &segs {
+            cache.make_room(g.slot, g.pos0, g.rows.len());
+        }
         for l in 0..r.layers {
             layer::run(model, &tables, isa, par, cache, s, win, &segs, l);
         }

@@ -3,6 +3,8 @@
 
 use kwker_kernels::bf16::f32_to_bf16;
 
+pub mod recipes;
+
 /// SplitMix64: tiny, deterministic, good enough for test data.
 pub struct Rng(u64);
 
