@@ -19,8 +19,8 @@
 use super::recipe::{Limits, Recipe};
 
 /// Keys older than a window that a windowed layer keeps, so a slot can be truncated back by up to
-/// this many tokens past its window (rejected drafts: at most 64 a step anywhere in kwker).
-pub const KEEP: usize = 64;
+/// this many tokens past its window: a step's rejected drafts (`lookup::MAX_DRAFT`).
+pub const KEEP: usize = super::lookup::MAX_DRAFT;
 
 /// Positions a layer with window `w` holds: all of `max_context` for global layers; else the window,
 /// `KEEP` older keys and two windows of rows (a step of up to `chunk_rows` rows always fits after a move,

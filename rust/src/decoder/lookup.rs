@@ -103,6 +103,10 @@ pub fn propose(history: &[u32], limit: usize) -> Vec<u32> {
     Vec::new()
 }
 
+/// Most draft tokens a step verifies, whatever the caller asks: a rejected draft is truncated off its slot,
+/// and sliding-window layers keep this many tokens past their window for that (`cache::KEEP`).
+pub const MAX_DRAFT: usize = 64;
+
 /// One sequence's draft size and pause, and what it proposed and had accepted.
 #[derive(Clone, Debug)]
 pub struct Lookup {
@@ -122,8 +126,9 @@ pub struct Lookup {
 }
 
 impl Lookup {
-    /// `max_draft == 0` turns prompt lookup off.
+    /// `max_draft == 0` turns prompt lookup off; above `MAX_DRAFT` it is `MAX_DRAFT`.
     pub fn new(max_draft: usize) -> Lookup {
+        let max_draft = max_draft.min(MAX_DRAFT);
         Lookup {
             max_draft,
             k: FIRST_DRAFT.min(max_draft),
