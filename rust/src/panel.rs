@@ -308,20 +308,19 @@ pub fn panel_linear(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Amx, PanelWeight::Bf16 { data, .. }) = (isa, w) {
-        if m >= bf16_gemm::MIN_M {
-            let g = bf16_gemm::Gemm {
-                x,
-                m,
-                k,
-                w: bf16_gemm::Weights::Panels(data),
-                n,
-                bias,
-                y: SyncPtr(y.as_mut_ptr()),
-            };
-            // SAFETY: the Amx tier is supported (asserted above); lengths checked, m, n, k > 0;
-            // y is ours alone for the call.
-            unsafe { bf16_gemm::gemm(par, &g, &|| crate::amx::Hw, true) };
+    if let PanelWeight::Bf16 { data, .. } = w {
+        let g = bf16_gemm::Gemm {
+            x,
+            m,
+            k,
+            w: bf16_gemm::Weights::Panels(data),
+            n,
+            bias,
+            y: SyncPtr(y.as_mut_ptr()),
+        };
+        // SAFETY: the tier is supported (asserted above); lengths checked, m, n, k > 0; y is ours
+        // alone for the call.
+        if unsafe { bf16_gemm::gemm_on_amx(isa, par, &g) } {
             return;
         }
     }

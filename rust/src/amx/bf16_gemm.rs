@@ -36,6 +36,8 @@ use super::bf16_pack::{pack_b, KS, NB};
 use super::bf16_split::split_rows_avx512;
 use super::bf16_split::{split_rows, Split};
 use super::{Tiles, ROWS, ROW_BYTES};
+#[cfg(target_arch = "x86_64")]
+use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
 use crate::scratch::with_scratch;
 
@@ -46,17 +48,8 @@ const MB: usize = 2 * ROWS;
 /// Below this many multiply-adds per task, splitting further costs more than it saves.
 const MIN_MACS_PER_TASK: usize = 1 << 20;
 
-/// One GEMM: y[m, n] = x[m, k] w^T (+ bias).
-pub(crate) struct Gemm<'a> {
-    pub x: &'a [f32],
-    pub m: usize,
-    pub k: usize,
-    pub w: Weights<'a>,
-    pub n: usize,
-    pub bias: Option<&'a [f32]>,
-    /// Points at m * n f32s.
-    pub y: SyncPtr<f32>,
-}
+/// One GEMM: y[m, n] = x[m, k] w^T (+ bias), the weights row-major or in panels.
+pub(crate) type Gemm<'a> = crate::linear::Problem<'a, Weights<'a>>;
 
 /// 32 x 32 float32 sums, as the four tiles store them.
 #[repr(C, align(64))]
@@ -233,6 +226,22 @@ pub(crate) unsafe fn gemm<T: Tiles>(
 ) {
     // SAFETY: forwarded contract.
     unsafe { gemm_blocked(par, p, make, avx512, Blocking::DEFAULT) }
+}
+
+/// The `amx` tier's path for calls of `MIN_M` rows or more: runs `p` on the AMX tiles and returns
+/// true, or leaves the call to the caller's other paths (false) on any other tier or fewer rows.
+///
+/// # Safety
+/// `isa` is supported by this CPU; `p` meets `gemm`'s contract (m, n, k > 0, lengths checked).
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn gemm_on_amx(isa: Isa, par: &dyn Parallel, p: &Gemm<'_>) -> bool {
+    if isa != Isa::Amx || p.m < MIN_M {
+        return false;
+    }
+    // SAFETY: the Amx tier is supported (caller's contract): AVX-512 and usable AMX tiles; the rest is
+    // the caller's contract, forwarded.
+    unsafe { gemm(par, p, &|| super::Hw, true) };
+    true
 }
 
 /// `gemm` with a given blocking (the same bits whatever it is: tests use small blocks).
