@@ -66,7 +66,7 @@ pub(crate) struct Problem<'a, W = Weight<'a>> {
 
 impl<'a, W> Problem<'a, W> {
     /// The same call over another layout of the same weights.
-    #[cfg(target_arch = "x86_64")]
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn with_weights<V>(&self, w: V) -> Problem<'a, V> {
         Problem {
             x: self.x,

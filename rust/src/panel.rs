@@ -25,6 +25,8 @@ mod generic;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod driver;
 
 use std::ops::Range;
 

@@ -8,6 +8,7 @@
 
 use std::ops::Range;
 
+use super::pack::PanelAt;
 use super::pack_avx2::pack_panel;
 use super::Problem;
 use crate::scratch::with_scratch;
@@ -138,7 +139,14 @@ pub(super) unsafe fn packed_gemm(
                 for q in 0..panels {
                     let j0 = jc + q * bl.nr;
                     let dst = &mut buf[q * kc * bl.nr..(q + 1) * kc * bl.nr];
-                    pack_panel(p.w, k, j0, bl.nr.min(jc + nc - j0), pc, kc, bl.nr, dst);
+                    let at = PanelAt {
+                        j0,
+                        nvalid: bl.nr.min(jc + nc - j0),
+                        p0: pc,
+                        kc,
+                        nr: bl.nr,
+                    };
+                    pack_panel(p.w, k, at, dst);
                 }
                 let first = pc == 0;
                 let last = pc + kc == k;
