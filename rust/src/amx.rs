@@ -134,6 +134,14 @@ pub(crate) trait Tiles {
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Hw;
 
+/// `asm!` of tile instructions that only touch tile registers, with the options all such blocks take.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_ops {
+    ($($insn:literal),+) => {
+        std::arch::asm!($($insn),+, options(nostack, nomem, preserves_flags))
+    };
+}
+
 /// A 64-byte `ldtilecfg` operand: palette 1 and the tiles it configures (the others stay unused).
 #[cfg(target_arch = "x86_64")]
 #[repr(C, align(64))]
@@ -173,7 +181,7 @@ impl TileConfig {
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn release_tiles() {
     // SAFETY: AMX usable (caller's contract); releasing is always valid then.
-    unsafe { std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags)) }
+    unsafe { tile_ops!("tilerelease") }
 }
 
 /// `tileloadd tmmN, [p + stride]` for a literal tile number.
@@ -220,12 +228,11 @@ impl Tiles for Hw {
     unsafe fn zero_c(&mut self) {
         // SAFETY: tiles configured (trait contract).
         unsafe {
-            std::arch::asm!(
+            tile_ops!(
                 "tilezero tmm0",
                 "tilezero tmm1",
                 "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem, preserves_flags)
+                "tilezero tmm3"
             )
         }
     }
@@ -240,12 +247,11 @@ impl Tiles for Hw {
     unsafe fn dp_bf16(&mut self) {
         // SAFETY: tiles configured and loaded; AMX-BF16 checked by usable().
         unsafe {
-            std::arch::asm!(
+            tile_ops!(
                 "tdpbf16ps tmm0, tmm4, tmm6",
                 "tdpbf16ps tmm1, tmm4, tmm7",
                 "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                options(nostack, nomem, preserves_flags)
+                "tdpbf16ps tmm3, tmm5, tmm7"
             )
         }
     }

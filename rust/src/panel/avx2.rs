@@ -20,12 +20,11 @@ const MR: usize = 6;
 unsafe fn load<const BF16: bool, const H: usize>(w: *const u8, kk: usize) -> (__m256, __m256) {
     if BF16 {
         let v = _mm256_loadu_si256(w.add(kk * 64 + H * 32).cast());
-        let lo = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
-        let hi = _mm256_castsi256_ps(_mm256_and_si256(
-            v,
-            _mm256_set1_epi32(0xffff_0000u32 as i32),
-        ));
-        (lo, hi)
+        let odd = _mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32));
+        (
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)),
+            _mm256_castsi256_ps(odd),
+        )
     } else {
         let p = w.add(kk * 128).cast::<f32>();
         (
