@@ -354,8 +354,8 @@ mod tests {
     use crate::amx::bf16_split::lcg;
     use crate::amx::Emu;
     use crate::bf16::{bf16_to_f32, f32_to_bf16};
-    use crate::panel::PanelWeight;
     use crate::par::{ScopedThreads, Serial};
+    use crate::preserve_linear::PanelWeight;
 
     /// A test problem's data: x [m, k] (seeded, optionally rounded to bf16 values), bf16 weights
     /// [n, k] row-major, a bias of n.

@@ -2,9 +2,9 @@
 //! vectors per x row; up to 12 x rows share each loaded panel line (24 accumulators).
 //!
 //! bf16 panels: one 64-byte load holds a k step of 32 rows; `<< 16` gives rows 0-15, `& 0xffff0000`
-//! rows 16-31 (see the layout in `panel.rs`). One row streams the panels with its own prefetch.
+//! rows 16-31 (see the layout in `preserve_linear.rs`). One row streams the panels with its own prefetch.
 //!
-//! Numerical contract (`panel.rs`'s, the same for every row count): each `KC` block of k summed by
+//! Numerical contract (`preserve_linear.rs`'s, the same for every row count): each `KC` block of k summed by
 //! f32 FMA in k order from zero, the blocks' sums added in k order, the bias last.
 
 use std::arch::x86_64::*;

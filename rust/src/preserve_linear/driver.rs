@@ -6,7 +6,7 @@
 //! A half is the part of a panel's 32 outputs two vectors hold: the 512-bit tier has one, the 256-bit
 //! tier two (rows 8h.. and 16 + 8h..), each run over all of k before the next.
 //!
-//! Numerical contract (`panel.rs`'s, the same for every row count): each `KC` block of k summed by
+//! Numerical contract (`preserve_linear.rs`'s, the same for every row count): each `KC` block of k summed by
 //! f32 FMA in k order from zero, the blocks' sums added in k order, the bias last.
 
 /// Panel lines (k steps) prefetched ahead: the one-row stream into L2 (T1), 2 KB of bf16 ahead;

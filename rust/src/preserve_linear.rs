@@ -1,4 +1,5 @@
-//! `y = x @ w^T + bias` over weights repacked once into column panels: the decoder's linear.
+//! The decoder's float linear ("preserve" precision: f32 or bf16 weights, f32 products and sums):
+//! `y = x @ w^T + bias` over weights repacked once into column panels.
 //!
 //! Layout: the weight's n output rows are cut into panels of 32; a panel stores, for every k, its 32
 //! values side by side (k-major), so one cache line (bf16) or two (f32) feed 32 outputs at once.

@@ -1,9 +1,9 @@
 //! AVX2 + FMA tier of `panel_linear`: 8 f32 lanes. A panel is processed in two halves; each half is
 //! 16 of its 32 outputs in two vectors per x row (bf16: one 32-byte load per k step, `<< 16` gives
-//! rows h*8..h*8+8, `& 0xffff0000` rows 16+h*8..; see the layout in `panel.rs`). Up to 6 x rows share
+//! rows h*8..h*8+8, `& 0xffff0000` rows 16+h*8..; see the layout in `preserve_linear.rs`). Up to 6 x rows share
 //! each load (12 accumulators).
 //!
-//! Numerical contract (`panel.rs`'s, the same for every row count): each `KC` block of k summed by
+//! Numerical contract (`preserve_linear.rs`'s, the same for every row count): each `KC` block of k summed by
 //! f32 FMA in k order from zero, the blocks' sums added in k order, the bias last.
 
 use std::arch::x86_64::*;
