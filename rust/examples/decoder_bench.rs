@@ -18,9 +18,9 @@ use kwker_kernels::decoder::weights::Mat;
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
 use kwker_kernels::isa;
 use kwker_kernels::linear::{linear, Weight};
-use kwker_kernels::panel::panel_linear;
 use kwker_kernels::par::Parallel;
 use kwker_kernels::pool::SpinPool;
+use kwker_kernels::preserve_linear::panel_linear;
 use kwker_kernels::quant::{quant_linear, Format};
 
 struct Shape {

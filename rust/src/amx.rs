@@ -134,23 +134,54 @@ pub(crate) trait Tiles {
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Hw;
 
-/// The 64-byte `ldtilecfg` operand: palette 1, every tile `ROWS` x `ROW_BYTES`.
+/// `asm!` of tile instructions that only touch tile registers, with the options all such blocks take.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_ops {
+    ($($insn:literal),+) => {
+        std::arch::asm!($($insn),+, options(nostack, nomem, preserves_flags))
+    };
+}
+
+/// A 64-byte `ldtilecfg` operand: palette 1 and the tiles it configures (the others stay unused).
 #[cfg(target_arch = "x86_64")]
 #[repr(C, align(64))]
-struct TileConfig([u8; 64]);
+pub(crate) struct TileConfig([u8; 64]);
 
 #[cfg(target_arch = "x86_64")]
 impl TileConfig {
-    fn all_tiles() -> TileConfig {
+    /// Palette 1 with each listed (tile, rows, bytes per row).
+    pub(crate) fn new(tiles: &[(usize, usize, usize)]) -> TileConfig {
         let mut c = [0u8; 64];
         c[0] = 1; // palette 1
-        for t in 0..8 {
+        for &(t, rows, colsb) in tiles {
             // colsb: u16 per tile at byte 16; rows: u8 per tile at byte 48.
-            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(ROW_BYTES as u16).to_le_bytes());
-            c[48 + t] = ROWS as u8;
+            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(colsb as u16).to_le_bytes());
+            c[48 + t] = rows as u8;
         }
         TileConfig(c)
     }
+
+    /// `ldtilecfg`: configures the tiles as listed.
+    ///
+    /// # Safety
+    /// AMX is usable in this process (`usable()`), with every tile shape listed supported.
+    pub(crate) unsafe fn load(&self) {
+        // SAFETY: the caller's contract; self is a valid palette-1 configuration, 64-byte aligned.
+        unsafe {
+            std::arch::asm!("ldtilecfg [{}]", in(reg) self.0.as_ptr(),
+                options(nostack, readonly, preserves_flags));
+        }
+    }
+}
+
+/// `tilerelease`: the tile state back to init (cheap context switches for the thread afterwards).
+///
+/// # Safety
+/// AMX is usable in this process (`usable()`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn release_tiles() {
+    // SAFETY: AMX usable (caller's contract); releasing is always valid then.
+    unsafe { tile_ops!("tilerelease") }
 }
 
 /// `tileloadd tmmN, [p + stride]` for a literal tile number.
@@ -171,82 +202,65 @@ macro_rules! tilestore {
     };
 }
 
+/// Runs `$op!` (`tileload` or `tilestore`) on the tile that index `$i` names: the literal tile of the
+/// arm it matches, the last one for any other index.
+#[cfg(target_arch = "x86_64")]
+macro_rules! on_tile {
+    ($op:ident($p:expr, $s:expr), $i:expr, [$($n:literal => $tmm:literal),*], _ => $last:literal) => {
+        match $i {
+            $($n => $op!($tmm, $p, $s),)*
+            _ => $op!($last, $p, $s),
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 impl Tiles for Hw {
     unsafe fn configure(&mut self) {
-        let cfg = TileConfig::all_tiles();
-        // SAFETY: AMX usable (constructor's contract); cfg is a valid palette-1 configuration.
-        unsafe {
-            std::arch::asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(),
-                options(nostack, readonly, preserves_flags));
-        }
+        let all: [(usize, usize, usize); 8] = std::array::from_fn(|t| (t, ROWS, ROW_BYTES));
+        // SAFETY: AMX usable (constructor's contract); every tile ROWS x ROW_BYTES (checked by usable()).
+        unsafe { TileConfig::new(&all).load() }
     }
     unsafe fn release(&mut self) {
-        // SAFETY: AMX usable; releasing is always valid.
-        unsafe { std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags)) }
+        // SAFETY: AMX usable (constructor's contract).
+        unsafe { release_tiles() }
     }
     unsafe fn zero_c(&mut self) {
         // SAFETY: tiles configured (trait contract).
         unsafe {
-            std::arch::asm!(
+            tile_ops!(
                 "tilezero tmm0",
                 "tilezero tmm1",
                 "tilezero tmm2",
-                "tilezero tmm3",
-                options(nostack, nomem, preserves_flags)
+                "tilezero tmm3"
             )
         }
     }
     unsafe fn load_a(&mut self, i: usize, p: *const u8, stride: usize) {
         // SAFETY: tiles configured; p addresses ROWS rows of ROW_BYTES (trait contract).
-        unsafe {
-            match i {
-                0 => tileload!("4", p, stride),
-                _ => tileload!("5", p, stride),
-            }
-        }
+        unsafe { on_tile!(tileload(p, stride), i, [0 => "4"], _ => "5") }
     }
     unsafe fn load_b(&mut self, j: usize, p: *const u8, stride: usize) {
         // SAFETY: as load_a.
-        unsafe {
-            match j {
-                0 => tileload!("6", p, stride),
-                _ => tileload!("7", p, stride),
-            }
-        }
+        unsafe { on_tile!(tileload(p, stride), j, [0 => "6"], _ => "7") }
     }
     unsafe fn dp_bf16(&mut self) {
         // SAFETY: tiles configured and loaded; AMX-BF16 checked by usable().
         unsafe {
-            std::arch::asm!(
+            tile_ops!(
                 "tdpbf16ps tmm0, tmm4, tmm6",
                 "tdpbf16ps tmm1, tmm4, tmm7",
                 "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                options(nostack, nomem, preserves_flags)
+                "tdpbf16ps tmm3, tmm5, tmm7"
             )
         }
     }
     unsafe fn store_c(&mut self, t: usize, p: *mut u8, stride: usize) {
         // SAFETY: tiles configured; p addresses ROWS writable rows of ROW_BYTES (trait contract).
-        unsafe {
-            match t {
-                0 => tilestore!("0", p, stride),
-                1 => tilestore!("1", p, stride),
-                2 => tilestore!("2", p, stride),
-                _ => tilestore!("3", p, stride),
-            }
-        }
+        unsafe { on_tile!(tilestore(p, stride), t, [0 => "0", 1 => "1", 2 => "2"], _ => "3") }
     }
     unsafe fn load_c(&mut self, t: usize, p: *const u8, stride: usize) {
         // SAFETY: tiles configured; p addresses ROWS rows of ROW_BYTES (trait contract).
-        unsafe {
-            match t {
-                0 => tileload!("0", p, stride),
-                1 => tileload!("1", p, stride),
-                2 => tileload!("2", p, stride),
-                _ => tileload!("3", p, stride),
-            }
-        }
+        unsafe { on_tile!(tileload(p, stride), t, [0 => "0", 1 => "1", 2 => "2"], _ => "3") }
     }
 }

@@ -17,9 +17,9 @@ pub mod decoder;
 pub mod exec;
 pub mod isa;
 pub mod linear;
-pub mod panel;
 pub mod par;
 pub mod pool;
+pub mod preserve_linear;
 pub mod quant;
 pub mod vmath;
 

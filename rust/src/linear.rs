@@ -50,17 +50,34 @@ impl Weight<'_> {
     }
 }
 
-/// Everything a tier needs for one call. `y` is written through a raw pointer because tasks
-/// own disjoint *column* ranges of the row-major output, which slices cannot express.
-pub(crate) struct Problem<'a> {
+/// Everything a tier needs for one call, the weights in layout `W` (this module's `Weight`; the AMX
+/// GEMM's `bf16_gemm::Weights`). `y` is written through a raw pointer because tasks own disjoint
+/// *column* ranges of the row-major output, which slices cannot express.
+pub(crate) struct Problem<'a, W = Weight<'a>> {
     pub x: &'a [f32],
     pub m: usize,
     pub k: usize,
-    pub w: Weight<'a>,
+    pub w: W,
     pub n: usize,
     pub bias: Option<&'a [f32]>,
     /// Points at `m * n` f32s.
     pub y: SyncPtr<f32>,
+}
+
+impl<'a, W> Problem<'a, W> {
+    /// The same call over another layout of the same weights.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn with_weights<V>(&self, w: V) -> Problem<'a, V> {
+        Problem {
+            x: self.x,
+            m: self.m,
+            k: self.k,
+            w,
+            n: self.n,
+            bias: self.bias,
+            y: self.y,
+        }
+    }
 }
 
 /// Below this many multiply-adds a call runs as a single task on the caller: spreading it
@@ -127,47 +144,6 @@ pub fn linear(
         return;
     }
 
-    #[cfg(target_arch = "x86_64")]
-    if let (Isa::Amx, Weight::Bf16(wb)) = (isa, w) {
-        if m >= bf16_gemm::MIN_M {
-            let g = bf16_gemm::Gemm {
-                x,
-                m,
-                k,
-                w: bf16_gemm::Weights::RowMajor(wb),
-                n,
-                bias,
-                y: SyncPtr(y.as_mut_ptr()),
-            };
-            // SAFETY: the Amx tier is supported (asserted above): AVX-512 and usable AMX tiles;
-            // lengths were checked against m, k, n, all non-zero here; y is ours alone.
-            unsafe { bf16_gemm::gemm(par, &g, &|| crate::amx::Hw, true) };
-            return;
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let Weight::Bf16(wb) = w {
-        // AVX512-BF16 CPUs without AMX: bf16 weights times activations that are bf16 values (a torch bf16
-        // model under install(); float32 ones would need three passes, slower than the FMA GEMM) run
-        // the AMX GEMM on `vdpbf16ps` tiles, twice the multiply-adds of an FMA per instruction.
-        if isa >= Isa::Avx512 && m >= bf16_gemm::MIN_M && dpbf16::usable() && bf16_valued(x) {
-            let g = bf16_gemm::Gemm {
-                x,
-                m,
-                k,
-                w: bf16_gemm::Weights::RowMajor(wb),
-                n,
-                bias,
-                y: SyncPtr(y.as_mut_ptr()),
-            };
-            BF16_DOT_CALLS.with(|c| c.set(c.get() + 1));
-            // SAFETY: AVX-512 (the tier, asserted supported) and AVX512-BF16 (`usable`) are present;
-            // lengths were checked against m, k, n, all non-zero here; y is ours alone.
-            unsafe { bf16_gemm::gemm(par, &g, &dpbf16::Dpbf16::<dpbf16::Real>::new, true) };
-            return;
-        }
-    }
-    let t = Tier::of(isa);
     let problem = Problem {
         x,
         m,
@@ -177,6 +153,26 @@ pub fn linear(
         bias,
         y: SyncPtr(y.as_mut_ptr()),
     };
+    #[cfg(target_arch = "x86_64")]
+    if let Weight::Bf16(wb) = w {
+        let g = problem.with_weights(bf16_gemm::Weights::RowMajor(wb));
+        // SAFETY: the tier is supported (asserted above); lengths were checked against m, k, n, all
+        // non-zero here; y is ours alone.
+        if unsafe { bf16_gemm::gemm_on_amx(isa, par, &g) } {
+            return;
+        }
+        // AVX512-BF16 CPUs without AMX: bf16 weights times activations that are bf16 values (a torch bf16
+        // model under install(); float32 ones would need three passes, slower than the FMA GEMM) run
+        // the AMX GEMM on `vdpbf16ps` tiles, twice the multiply-adds of an FMA per instruction.
+        if isa >= Isa::Avx512 && m >= bf16_gemm::MIN_M && dpbf16::usable() && bf16_valued(x) {
+            BF16_DOT_CALLS.with(|c| c.set(c.get() + 1));
+            // SAFETY: AVX-512 (the tier, asserted supported) and AVX512-BF16 (`usable`) are present;
+            // lengths were checked against m, k, n, all non-zero here; y is ours alone.
+            unsafe { bf16_gemm::gemm(par, &g, &dpbf16::Dpbf16::<dpbf16::Real>::new, true) };
+            return;
+        }
+    }
+    let t = Tier::of(isa);
     let fmas = mn.saturating_mul(k);
     let want = par
         .num_threads()
@@ -250,6 +246,39 @@ pub(crate) fn broadcast_bias(y: &mut [f32], n: usize, bias: Option<&[f32]>) {
             Some(b) => row.copy_from_slice(b),
             None => row.fill(0.0),
         }
+    }
+}
+
+/// The GEMV's walk over a tile of y, shared by the SIMD tiers: weight rows 8 at a time, each block
+/// visited by every group of up to 4 x rows before the next, so it (8 * k weights) is fetched from
+/// memory once and re-read from L1/L2. `full(i, j, g)` runs the g x rows from i over the whole block
+/// of weight rows from j; `edge(i, j, g)` over the single weight row j of a last, partial block.
+/// Inlined into each tier's `#[target_feature]` `gemv_impl`, whose closures inherit its features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn for_each_gemv_tile(
+    rows: Range<usize>,
+    cols: Range<usize>,
+    mut full: impl FnMut(usize, usize, usize),
+    mut edge: impl FnMut(usize, usize, usize),
+) {
+    const JB: usize = 8;
+    let mut j = cols.start;
+    while j < cols.end {
+        let jb = JB.min(cols.end - j);
+        let mut i = rows.start;
+        while i < rows.end {
+            let g = (rows.end - i).min(4);
+            if jb == JB {
+                full(i, j, g);
+            } else {
+                for jj in j..j + jb {
+                    edge(i, jj, g);
+                }
+            }
+            i += g;
+        }
+        j += jb;
     }
 }
 

@@ -34,8 +34,10 @@ pub(crate) use super::bf16_pack::Weights;
 use super::bf16_pack::{pack_b, KS, NB};
 #[cfg(target_arch = "x86_64")]
 use super::bf16_split::split_rows_avx512;
-use super::bf16_split::{split_rows, Split};
+use super::bf16_split::{split_rows, Split, SplitArgs};
 use super::{Tiles, ROWS, ROW_BYTES};
+#[cfg(target_arch = "x86_64")]
+use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel, SyncPtr};
 use crate::scratch::with_scratch;
 
@@ -46,17 +48,8 @@ const MB: usize = 2 * ROWS;
 /// Below this many multiply-adds per task, splitting further costs more than it saves.
 const MIN_MACS_PER_TASK: usize = 1 << 20;
 
-/// One GEMM: y[m, n] = x[m, k] w^T (+ bias).
-pub(crate) struct Gemm<'a> {
-    pub x: &'a [f32],
-    pub m: usize,
-    pub k: usize,
-    pub w: Weights<'a>,
-    pub n: usize,
-    pub bias: Option<&'a [f32]>,
-    /// Points at m * n f32s.
-    pub y: SyncPtr<f32>,
-}
+/// One GEMM: y[m, n] = x[m, k] w^T (+ bias), the weights row-major or in panels.
+pub(crate) type Gemm<'a> = crate::linear::Problem<'a, Weights<'a>>;
 
 /// 32 x 32 float32 sums, as the four tiles store them.
 #[repr(C, align(64))]
@@ -235,6 +228,22 @@ pub(crate) unsafe fn gemm<T: Tiles>(
     unsafe { gemm_blocked(par, p, make, avx512, Blocking::DEFAULT) }
 }
 
+/// The `amx` tier's path for calls of `MIN_M` rows or more: runs `p` on the AMX tiles and returns
+/// true, or leaves the call to the caller's other paths (false) on any other tier or fewer rows.
+///
+/// # Safety
+/// `isa` is supported by this CPU; `p` meets `gemm`'s contract (m, n, k > 0, lengths checked).
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn gemm_on_amx(isa: Isa, par: &dyn Parallel, p: &Gemm<'_>) -> bool {
+    if isa != Isa::Amx || p.m < MIN_M {
+        return false;
+    }
+    // SAFETY: the Amx tier is supported (caller's contract): AVX-512 and usable AMX tiles; the rest is
+    // the caller's contract, forwarded.
+    unsafe { gemm(par, p, &|| super::Hw, true) };
+    true
+}
+
 /// `gemm` with a given blocking (the same bits whatever it is: tests use small blocks).
 ///
 /// # Safety
@@ -261,20 +270,30 @@ pub(crate) unsafe fn gemm_blocked<T: Tiles>(
     with_scratch((3 * m_pad * ld).div_ceil(2), |buf| {
         // The f32 scratch holds 3 * m_pad * ld u16s, 64-byte aligned.
         let out = SyncPtr(buf.as_mut_ptr().cast::<u16>());
+        let split = SplitArgs {
+            x: p.x,
+            m,
+            k,
+            m_pad,
+            kp,
+            ld,
+            out,
+        };
         let (any_mid, any_lo) = (AtomicBool::new(false), AtomicBool::new(false));
         let chunks = chunk_ranges(m_pad, want(m_pad * kp * 16), MB);
         run_tasks(par, chunks.len(), &|i| {
+            let rows = chunks[i].clone();
             // SAFETY: `out` holds 3 * m_pad * ld u16s (the buffer above); chunks are disjoint
             // row ranges, so each task writes its own rows; AVX-512 only when the caller says so.
             let (a, b) = unsafe {
                 #[cfg(target_arch = "x86_64")]
                 if avx512 {
-                    split_rows_avx512(p.x, k, m, chunks[i].clone(), m_pad, kp, ld, out.get())
+                    split_rows_avx512(&split, rows)
                 } else {
-                    split_rows(p.x, k, m, chunks[i].clone(), m_pad, kp, ld, out.get())
+                    split_rows(&split, rows)
                 }
                 #[cfg(not(target_arch = "x86_64"))]
-                split_rows(p.x, k, m, chunks[i].clone(), m_pad, kp, ld, out.get())
+                split_rows(&split, rows)
             };
             any_mid.fetch_or(a, Ordering::Relaxed);
             any_lo.fetch_or(b, Ordering::Relaxed);
@@ -335,24 +354,69 @@ mod tests {
     use crate::amx::bf16_split::lcg;
     use crate::amx::Emu;
     use crate::bf16::{bf16_to_f32, f32_to_bf16};
-    use crate::panel::PanelWeight;
     use crate::par::{ScopedThreads, Serial};
+    use crate::preserve_linear::PanelWeight;
 
-    /// y in float64 from the same (bf16) weights and float32 activations.
-    fn reference(
-        x: &[f32],
+    /// A test problem's data: x [m, k] (seeded, optionally rounded to bf16 values), bf16 weights
+    /// [n, k] row-major, a bias of n.
+    struct Data {
+        x: Vec<f32>,
+        w: Vec<u16>,
+        bias: Vec<f32>,
         m: usize,
         k: usize,
-        w: &[u16],
         n: usize,
-        bias: Option<&[f32]>,
-    ) -> Vec<f64> {
+    }
+
+    impl Data {
+        fn new(seed: u64, (m, k, n): (usize, usize, usize), bf16_x: bool) -> Data {
+            let mut seed = seed;
+            let round = |v: f32| {
+                if bf16_x {
+                    bf16_to_f32(f32_to_bf16(v))
+                } else {
+                    v
+                }
+            };
+            let x = (0..m * k).map(|_| round(lcg(&mut seed))).collect();
+            let w = (0..n * k).map(|_| f32_to_bf16(lcg(&mut seed))).collect();
+            let bias = (0..n).map(|_| lcg(&mut seed)).collect();
+            Data {
+                x,
+                w,
+                bias,
+                m,
+                k,
+                n,
+            }
+        }
+
+        /// The GEMM of this data (row-major weights), with or without the bias; y not set yet.
+        fn gemm(&self, bias: bool) -> Gemm<'_> {
+            Gemm {
+                x: &self.x,
+                m: self.m,
+                k: self.k,
+                w: Weights::RowMajor(&self.w),
+                n: self.n,
+                bias: bias.then_some(&self.bias[..]),
+                y: SyncPtr(std::ptr::null_mut()),
+            }
+        }
+    }
+
+    /// y in float64 from the same (bf16, row-major) weights and float32 activations.
+    fn reference(p: &Gemm<'_>) -> Vec<f64> {
+        let Weights::RowMajor(w) = p.w else {
+            unreachable!()
+        };
+        let (m, k, n) = (p.m, p.k, p.n);
         let mut y = vec![0f64; m * n];
         for i in 0..m {
             for j in 0..n {
-                let mut s = bias.map_or(0.0, |b| b[j] as f64);
+                let mut s = p.bias.map_or(0.0, |b| b[j] as f64);
                 for kk in 0..k {
-                    s += x[i * k + kk] as f64 * bf16_to_f32(w[j * k + kk]) as f64;
+                    s += p.x[i * k + kk] as f64 * bf16_to_f32(w[j * k + kk]) as f64;
                 }
                 y[i * n + j] = s;
             }
@@ -360,60 +424,37 @@ mod tests {
         y
     }
 
-    fn run_on(
+    /// `p` (its y aside) into a fresh y on tiles `make` gives, with blocking `bl`.
+    fn run_on<T: Tiles>(
         par: &dyn Parallel,
-        x: &[f32],
-        m: usize,
-        k: usize,
-        w: Weights<'_>,
-        n: usize,
-        bias: Option<&[f32]>,
-    ) -> Vec<f32> {
-        run_blocked(par, x, m, k, w, n, bias, Blocking::DEFAULT)
-    }
-
-    /// `run_on` with a given blocking.
-    #[allow(clippy::too_many_arguments)]
-    fn run_blocked(
-        par: &dyn Parallel,
-        x: &[f32],
-        m: usize,
-        k: usize,
-        w: Weights<'_>,
-        n: usize,
-        bias: Option<&[f32]>,
+        p: &Gemm<'_>,
+        make: &(dyn Fn() -> T + Sync),
+        avx512: bool,
         bl: Blocking,
     ) -> Vec<f32> {
-        let mut y = vec![f32::NAN; m * n];
+        let mut y = vec![f32::NAN; p.m * p.n];
         let p = Gemm {
-            x,
-            m,
-            k,
-            w,
-            n,
-            bias,
             y: SyncPtr(y.as_mut_ptr()),
+            ..*p
         };
-        // SAFETY: emulated tiles run anywhere; no AVX-512; lengths match.
-        unsafe { gemm_blocked(par, &p, &Emu::new, false, bl) };
+        // SAFETY: the callers pass tiles that run here (emulated ones, or the instruction where
+        // `dpbf16::usable()`), AVX-512 only where the CPU has it; lengths match.
+        unsafe { gemm_blocked(par, &p, make, avx512, bl) };
         y
     }
 
-    /// The row-major layout's result, after checking the panel layout gives the same bits.
-    fn run(
-        par: &dyn Parallel,
-        x: &[f32],
-        m: usize,
-        k: usize,
-        w: &[u16],
-        n: usize,
-        bias: Option<&[f32]>,
-    ) -> Vec<f32> {
-        let y = run_on(par, x, m, k, Weights::RowMajor(w), n, bias);
-        let PanelWeight::Bf16 { data, .. } = PanelWeight::from_bf16(w, n, k) else {
+    /// The emulated AMX tiles' result for row-major weights, after checking the panel layout gives the
+    /// same bits.
+    fn run(par: &dyn Parallel, p: &Gemm<'_>) -> Vec<f32> {
+        let y = run_on(par, p, &Emu::new, false, Blocking::DEFAULT);
+        let Weights::RowMajor(w) = p.w else {
             unreachable!()
         };
-        let yp = run_on(par, x, m, k, Weights::Panels(&data), n, bias);
+        let PanelWeight::Bf16 { data, .. } = PanelWeight::from_bf16(w, p.n, p.k) else {
+            unreachable!()
+        };
+        let panels = p.with_weights(Weights::Panels(&data));
+        let yp = run_on(par, &panels, &Emu::new, false, Blocking::DEFAULT);
         assert!(
             y.iter().zip(&yp).all(|(a, b)| a.to_bits() == b.to_bits()),
             "panels differ from rows"
@@ -421,34 +462,35 @@ mod tests {
         y
     }
 
+    /// `got` within float32 summation error of the float64 `want` (k roundings of partial sums
+    /// bounded by sum |x w| <= k).
+    fn assert_close(got: &[f32], want: &[f64], k: usize, what: &str) {
+        let tol = 2.0 * k as f64 * f32::EPSILON as f64;
+        for (i, (&g, &r)) in got.iter().zip(want).enumerate() {
+            assert!((g as f64 - r).abs() <= tol, "{what} [{i}]: {g} vs {r}");
+        }
+    }
+
     /// Every shape edge (1, 15, 33 rows; n not a multiple of 32; k not a multiple of 32) against
     /// float64, within float32 summation error: the split loses nothing.
     #[test]
     fn emulated_tiles_match_float64_over_awkward_shapes() {
-        let mut seed = 7u64;
-        for &(m, k, n) in &[
+        for (seed, &(m, k, n)) in [
             (1, 32, 16),
             (15, 63, 33),
             (33, 65, 65),
             (64, 96, 32),
             (40, 200, 97),
             (33, 2048, 40), // rows 4 KB apart: the split's rows are padded (ld > kp)
-        ] {
-            let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-            let w: Vec<u16> = (0..n * k).map(|_| f32_to_bf16(lcg(&mut seed))).collect();
-            let bias: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
-            for b in [None, Some(&bias[..])] {
+        ]
+        .iter()
+        .enumerate()
+        {
+            let d = Data::new(7 + seed as u64, (m, k, n), false);
+            for bias in [false, true] {
+                let p = d.gemm(bias);
                 for par in [&Serial as &dyn Parallel, &ScopedThreads(3)] {
-                    let y = run(par, &x, m, k, &w, n, b);
-                    let want = reference(&x, m, k, &w, n, b);
-                    for (i, (&g, &r)) in y.iter().zip(&want).enumerate() {
-                        // k float32 roundings of partial sums bounded by sum |x w| <= k.
-                        let tol = 2.0 * k as f64 * f32::EPSILON as f64;
-                        assert!(
-                            (g as f64 - r).abs() <= tol,
-                            "m{m} k{k} n{n} [{i}]: {g} vs {r}"
-                        );
-                    }
+                    assert_close(&run(par, &p), &reference(&p), k, &format!("m{m} k{k} n{n}"));
                 }
             }
         }
@@ -458,19 +500,14 @@ mod tests {
     /// chunks (equal or not), on row-major weights and panels, one and several threads.
     #[test]
     fn every_blocking_gives_the_same_bits() {
-        let mut seed = 13u64;
-        let (m, k, n) = (70, 200, 100);
-        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
-        let w: Vec<u16> = (0..n * k).map(|_| f32_to_bf16(lcg(&mut seed))).collect();
-        let bias: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
+        let d = Data::new(13, (70, 200, 100), false);
+        let p = d.gemm(true);
         let whole = Blocking {
             nc: 1 << 20,
             mc: 1 << 20,
             kc: 1 << 20,
         };
-        let go = |bl: Blocking, par: &dyn Parallel| {
-            run_blocked(par, &x, m, k, Weights::RowMajor(&w), n, Some(&bias), bl)
-        };
+        let go = |bl: Blocking, par: &dyn Parallel| run_on(par, &p, &Emu::new, false, bl);
         let want = go(whole, &Serial);
         for bl in [
             Blocking::DEFAULT,
@@ -503,66 +540,31 @@ mod tests {
     /// The AVX512-BF16 tiles (`vdpbf16ps`) over awkward shapes: the emulation of the instruction (any
     /// AVX-512 CPU) within float32 summation error of float64, and the instruction itself (where the CPU
     /// has it) bit for bit equal to its emulation, bf16 activations and float32 ones (three pieces).
-    #[test]
     #[cfg(target_arch = "x86_64")]
+    #[test]
     fn dpbf16_tiles_match_their_emulation_and_float64() {
         use crate::amx::dpbf16::{self, Dpbf16, Emulated, Real};
         if !crate::isa::Isa::Avx512.cpu_has() {
             return;
         }
-        let mut seed = 5u64;
-        for &(m, k, n, bf16_x) in &[
+        for (seed, &(m, k, n, bf16_x)) in [
             (32, 64, 32, true),
             (33, 65, 65, true),
             (40, 200, 97, false),
             (64, 96, 16, true),
             (35, 2048, 40, true),
-        ] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|_| {
-                    let v = lcg(&mut seed);
-                    if bf16_x {
-                        bf16_to_f32(f32_to_bf16(v))
-                    } else {
-                        v
-                    }
-                })
-                .collect();
-            let w: Vec<u16> = (0..n * k).map(|_| f32_to_bf16(lcg(&mut seed))).collect();
-            let bias: Vec<f32> = (0..n).map(|_| lcg(&mut seed)).collect();
-            let go = |real: bool| {
-                let mut y = vec![f32::NAN; m * n];
-                let p = Gemm {
-                    x: &x,
-                    m,
-                    k,
-                    w: Weights::RowMajor(&w),
-                    n,
-                    bias: Some(&bias),
-                    y: SyncPtr(y.as_mut_ptr()),
-                };
-                // SAFETY: AVX-512 is present (checked above), AVX512-BF16 for `real` (checked by the
-                // caller); lengths match.
-                unsafe {
-                    if real {
-                        gemm(&ScopedThreads(2), &p, &Dpbf16::<Real>::new, true)
-                    } else {
-                        gemm(&ScopedThreads(2), &p, &Dpbf16::<Emulated>::new, true)
-                    }
-                };
-                y
-            };
-            let emulated = go(false);
-            let want = reference(&x, m, k, &w, n, Some(&bias));
-            for (i, (&g, &r)) in emulated.iter().zip(&want).enumerate() {
-                let tol = 2.0 * k as f64 * f32::EPSILON as f64;
-                assert!(
-                    (g as f64 - r).abs() <= tol,
-                    "m{m} k{k} n{n} [{i}]: {g} vs {r}"
-                );
-            }
+        ]
+        .iter()
+        .enumerate()
+        {
+            let d = Data::new(5 + seed as u64, (m, k, n), bf16_x);
+            let p = d.gemm(true);
+            let par = ScopedThreads(2);
+            let bl = Blocking::DEFAULT;
+            let emulated = run_on(&par, &p, &Dpbf16::<Emulated>::new, true, bl);
+            assert_close(&emulated, &reference(&p), k, &format!("m{m} k{k} n{n}"));
             if dpbf16::usable() {
-                let real = go(true);
+                let real = run_on(&par, &p, &Dpbf16::<Real>::new, true, bl);
                 assert!(
                     real.iter()
                         .zip(&emulated)
@@ -577,25 +579,17 @@ mod tests {
     /// either way), and inf in x reaches y as inf.
     #[test]
     fn bf16_activations_and_infinities() {
-        let mut seed = 3u64;
-        let (m, k, n) = (40, 96, 48);
-        let mut x: Vec<f32> = (0..m * k)
-            .map(|_| bf16_to_f32(f32_to_bf16(lcg(&mut seed))))
-            .collect();
-        let w: Vec<u16> = (0..n * k)
-            .map(|_| f32_to_bf16(lcg(&mut seed).abs()))
-            .collect();
-        let y = run(&Serial, &x, m, k, &w, n, None);
-        let want = reference(&x, m, k, &w, n, None);
-        for (&g, &r) in y.iter().zip(&want) {
-            assert!((g as f64 - r).abs() <= 2.0 * k as f64 * f32::EPSILON as f64);
-        }
-        x[5 * k + 3] = f32::INFINITY;
-        let y = run(&Serial, &x, m, k, &w, n, None);
+        let mut d = Data::new(3, (40, 96, 48), true);
+        let (k, n) = (d.k, d.n);
+        // Weights >= 0 here: inf times a positive weight is inf, times zero NaN, as in float32.
+        d.w.iter_mut().for_each(|v| *v &= 0x7fff);
+        let p = d.gemm(false);
+        assert_close(&run(&Serial, &p), &reference(&p), k, "bf16 x");
+        d.x[5 * k + 3] = f32::INFINITY;
+        let y = run(&Serial, &d.gemm(false));
         for j in 0..n {
-            // w >= 0 here: inf times a positive weight is inf, times zero NaN, as in float32.
             let got = y[5 * n + j];
-            if w[j * k + 3] != 0 {
+            if d.w[j * k + 3] != 0 {
                 assert_eq!(got, f32::INFINITY, "column {j}");
             } else {
                 assert!(got.is_nan(), "column {j}: {got}");

@@ -6,7 +6,7 @@
 //! The AVX-512 versions write the same bytes as the scalar loops (a unit test compares them).
 
 use super::ROWS;
-use crate::panel::PANEL;
+use crate::preserve_linear::PANEL;
 
 /// Columns of one packed block (two 16-column tiles).
 pub(super) const NB: usize = 2 * ROWS;
@@ -18,7 +18,7 @@ pub(super) const KS: usize = super::ROW_BYTES / 2;
 pub(crate) enum Weights<'a> {
     /// Row-major (torch's `nn.Linear.weight`).
     RowMajor(&'a [u16]),
-    /// `panel::PanelWeight::Bf16`'s data: panels of 32 rows, k-major, rows i and 16 + i side by side.
+    /// `preserve_linear::PanelWeight::Bf16`'s data: panels of 32 rows, k-major, rows i and 16 + i side by side.
     Panels(&'a [u16]),
 }
 
@@ -182,7 +182,7 @@ unsafe fn pack_panel_avx512(panel: &[u16], k0: usize, k_end: usize, dst: &mut [u
 mod tests {
     use super::*;
     use crate::bf16::f32_to_bf16;
-    use crate::panel::PanelWeight;
+    use crate::preserve_linear::PanelWeight;
 
     /// The AVX-512 packings (gathered rows, shuffled panels) equal the scalar ones over awkward shapes and
     /// chunks: odd k, a last block of few columns, a chunk that ends past k, a chunk in the middle.

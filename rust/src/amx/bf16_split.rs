@@ -6,6 +6,8 @@
 
 use std::ops::Range;
 
+use crate::par::SyncPtr;
+
 /// The activations as bf16 pieces: `pieces` blocks of `m_pad` rows, `ld` u16s apart, each holding
 /// kp values (zero past k; zero rows past m).
 pub(super) struct Split {
@@ -42,22 +44,23 @@ fn split_row(x: &[f32], hi: &mut [u16], mid: &mut [u16], lo: &mut [u16]) -> (boo
     (any_mid != 0, any_lo != 0)
 }
 
-/// Splits rows `rows` of x (m x k) into the three piece blocks at `out` (`[3][m_pad][ld]`, kp
-/// values a row), zeros past m and k. Returns (any mid, any lo).
+/// One split: x (m x k) into the three piece blocks at `out` (`[3][m_pad][ld]` u16s, kp values a row).
+pub(super) struct SplitArgs<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub k: usize,
+    pub m_pad: usize,
+    pub kp: usize,
+    pub ld: usize,
+    pub out: SyncPtr<u16>,
+}
+
+/// Splits rows `rows` of x into the piece blocks, zeros past m and k. Returns (any mid, any lo).
 ///
 /// # Safety
 /// `out` points at 3 * m_pad * ld u16s, kp <= ld, and no other thread writes these rows.
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn split_rows(
-    x: &[f32],
-    k: usize,
-    m: usize,
-    rows: Range<usize>,
-    m_pad: usize,
-    kp: usize,
-    ld: usize,
-    out: *mut u16,
-) -> (bool, bool) {
+pub(super) unsafe fn split_rows(s: &SplitArgs<'_>, rows: Range<usize>) -> (bool, bool) {
+    let (k, m_pad, kp, ld, out) = (s.k, s.m_pad, s.kp, s.ld, s.out.get());
     let (mut any_mid, mut any_lo) = (false, false);
     for r in rows {
         // SAFETY: r < m_pad, so the three rows lie inside `out` (caller's contract), and they
@@ -69,8 +72,8 @@ pub(super) unsafe fn split_rows(
                 std::slice::from_raw_parts_mut(out.add((2 * m_pad + r) * ld), kp),
             )
         };
-        if r < m {
-            let (a, b) = split_row(&x[r * k..(r + 1) * k], hi, mid, lo);
+        if r < s.m {
+            let (a, b) = split_row(&s.x[r * k..(r + 1) * k], hi, mid, lo);
             any_mid |= a;
             any_lo |= b;
             for piece in [&mut *hi, &mut *mid, &mut *lo] {
@@ -91,19 +94,9 @@ pub(super) unsafe fn split_rows(
 /// As `split_rows`, and the CPU has AVX-512 F/BW.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn split_rows_avx512(
-    x: &[f32],
-    k: usize,
-    m: usize,
-    rows: Range<usize>,
-    m_pad: usize,
-    kp: usize,
-    ld: usize,
-    out: *mut u16,
-) -> (bool, bool) {
+pub(super) unsafe fn split_rows_avx512(s: &SplitArgs<'_>, rows: Range<usize>) -> (bool, bool) {
     // SAFETY: forwarded contract.
-    unsafe { split_rows(x, k, m, rows, m_pad, kp, ld, out) }
+    unsafe { split_rows(s, rows) }
 }
 
 /// Test values in [-1, 1) from a seeded LCG (this file's and `bf16_gemm`'s tests).

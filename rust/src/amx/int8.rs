@@ -61,39 +61,22 @@ pub fn usable() -> bool {
 pub(crate) struct Hw;
 
 #[cfg(target_arch = "x86_64")]
-impl Hw {
-    /// The 64-byte `ldtilecfg` operand: palette 1; C tiles 16 x 64 bytes, A 16 x 32, B 8 x 64.
-    fn config() -> [u8; 64] {
-        let mut c = [0u8; 64];
-        c[0] = 1;
-        let mut set = |t: usize, rows: usize, colsb: usize| {
-            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(colsb as u16).to_le_bytes());
-            c[48 + t] = rows as u8;
-        };
-        set(0, ROWS, ROW_BYTES);
-        set(1, ROWS, ROW_BYTES);
-        set(4, ROWS, A_BYTES);
-        set(6, B_ROWS, ROW_BYTES);
-        set(7, B_ROWS, ROW_BYTES);
-        c
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
 impl IntTiles for Hw {
     unsafe fn configure(&mut self) {
-        #[repr(C, align(64))]
-        struct Cfg([u8; 64]);
-        let cfg = Cfg(Hw::config());
-        // SAFETY: AMX-INT8 usable (constructor's contract); cfg is a valid palette-1 configuration.
-        unsafe {
-            std::arch::asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(),
-                options(nostack, readonly, preserves_flags));
-        }
+        // Palette 1; C tiles 16 x 64 bytes, A 16 x 32, B 8 x 64.
+        let tiles = [
+            (0, ROWS, ROW_BYTES),
+            (1, ROWS, ROW_BYTES),
+            (4, ROWS, A_BYTES),
+            (6, B_ROWS, ROW_BYTES),
+            (7, B_ROWS, ROW_BYTES),
+        ];
+        // SAFETY: AMX-INT8 usable (constructor's contract); valid palette-1 tile shapes.
+        unsafe { super::TileConfig::new(&tiles).load() }
     }
     unsafe fn release(&mut self) {
-        // SAFETY: releasing is always valid on an AMX CPU.
-        unsafe { std::arch::asm!("tilerelease", options(nostack, nomem, preserves_flags)) }
+        // SAFETY: AMX usable (constructor's contract).
+        unsafe { super::release_tiles() }
     }
     unsafe fn zero_c(&mut self) {
         // SAFETY: tiles configured (trait contract).

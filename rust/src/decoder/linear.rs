@@ -4,8 +4,8 @@
 
 use super::weights::Mat;
 use crate::isa::Isa;
-use crate::panel::panel_linear;
 use crate::par::Parallel;
+use crate::preserve_linear::panel_linear;
 use crate::quant::quant_linear;
 
 /// y[..m * n] = x[..m * k] w^T (+ b), for a matrix stored either way.
@@ -43,12 +43,12 @@ pub fn lin_group(isa: Isa, par: &dyn Parallel, items: Vec<LinItem<'_>>) {
         let (n, k, m) = (it.w.rows(), it.w.cols(), it.m);
         let (x, y) = (&it.x[..m * k], &mut it.y[..m * n]);
         match it.w {
-            Mat::Panel(w) => panels.push(crate::panel::GroupItem { x, m, w, y }),
+            Mat::Panel(w) => panels.push(crate::preserve_linear::GroupItem { x, m, w, y }),
             Mat::Quant(w) => quants.push(crate::quant::GroupItem { x, m, w, y }),
         }
     }
     if !panels.is_empty() {
-        crate::panel::panel_linear_group(isa, par, &mut panels);
+        crate::preserve_linear::panel_linear_group(isa, par, &mut panels);
     }
     if !quants.is_empty() {
         crate::quant::quant_linear_group(isa, par, &mut quants);

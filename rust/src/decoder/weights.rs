@@ -7,7 +7,7 @@
 //! exactly). Fused projections: q/k/v rows stacked as [q; k; v], gate/up as [gate; up].
 
 use super::tensors::{Tensor, TABLE};
-use crate::panel::PanelWeight;
+use crate::preserve_linear::PanelWeight;
 use crate::quant::{Format, QuantWeight};
 
 /// How a matrix is stored. The name is the only code that crosses the FFI or is saved for it.

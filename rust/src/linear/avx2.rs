@@ -16,22 +16,13 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::packed_gemm::{packed_gemm, Blocking, Tile};
-use super::{Problem, Weight};
+use super::packed_gemm::{gemm_entry, micro_k_loop, packed_gemm, Blocking, Tile};
+use super::{for_each_gemv_tile, Problem, Weight};
 use crate::bf16::bf16_to_f32;
 use crate::scratch::with_scratch;
 
-/// GEMM register tile: MR x rows by NR weight columns.
-pub const MR: usize = 6;
-pub const NR: usize = 16;
 /// Up to this many x rows use the GEMV path (measured crossover, see kernel_bench).
 pub const GEMV_MAX_M: usize = 16;
-/// k block: one packed panel (KC * NR * 4 = 16 KB) stays in L1 while all row tiles use it.
-const KC: usize = 256;
-/// Row block (multiple of MR): its x slice (MC * KC * 4 = 72 KB) stays in L2.
-const MC: usize = 72;
-/// Column block (multiple of NR): the packed weights (KC * NC * 4 = 512 KB) stay in L2.
-const NC: usize = 512;
 
 /// Fills y[rows x cols] with the GEMV loop.
 ///
@@ -84,48 +75,34 @@ unsafe fn gemv_impl<const BF16: bool>(
     rows: Range<usize>,
     cols: Range<usize>,
 ) {
-    // Weight rows are taken 8 at a time; all x-row groups run over the block before moving on,
-    // so the block (8 * k elements) is fetched from memory once and re-read from L1/L2.
-    const JB: usize = 8;
-    let mut j = cols.start;
-    while j < cols.end {
-        let jb = JB.min(cols.end - j);
-        let mut i = rows.start;
-        while i < rows.end {
-            let g = (rows.end - i).min(4);
-            let xi = x.add((i - rows.start) * p.k);
-            if jb == JB {
-                // Tile shapes keep R*G <= 12 accumulators (plus loads) within 16 ymm registers.
-                match g {
-                    1 => tile::<BF16, 8, 1>(p, xi, w, i, j),
-                    2 => {
-                        tile::<BF16, 4, 2>(p, xi, w, i, j);
-                        tile::<BF16, 4, 2>(p, xi, w, i, j + 4);
-                    }
-                    3 => {
-                        tile::<BF16, 4, 3>(p, xi, w, i, j);
-                        tile::<BF16, 4, 3>(p, xi, w, i, j + 4);
-                    }
-                    _ => {
-                        for jj in (j..j + JB).step_by(2) {
-                            tile::<BF16, 2, 4>(p, xi, w, i, jj);
-                        }
-                    }
-                }
-            } else {
-                for jj in j..j + jb {
-                    match g {
-                        1 => tile::<BF16, 1, 1>(p, xi, w, i, jj),
-                        2 => tile::<BF16, 1, 2>(p, xi, w, i, jj),
-                        3 => tile::<BF16, 1, 3>(p, xi, w, i, jj),
-                        _ => tile::<BF16, 1, 4>(p, xi, w, i, jj),
-                    }
+    // Tile shapes keep R*G <= 12 accumulators (plus loads) within 16 ymm registers.
+    let x_row = |i: usize| x.add((i - rows.start) * p.k);
+    for_each_gemv_tile(
+        rows.clone(),
+        cols,
+        |i, j, g| match g {
+            1 => tile::<BF16, 8, 1>(p, x_row(i), w, i, j),
+            2 => {
+                tile::<BF16, 4, 2>(p, x_row(i), w, i, j);
+                tile::<BF16, 4, 2>(p, x_row(i), w, i, j + 4);
+            }
+            3 => {
+                tile::<BF16, 4, 3>(p, x_row(i), w, i, j);
+                tile::<BF16, 4, 3>(p, x_row(i), w, i, j + 4);
+            }
+            _ => {
+                for jj in (j..j + 8).step_by(2) {
+                    tile::<BF16, 2, 4>(p, x_row(i), w, i, jj);
                 }
             }
-            i += g;
-        }
-        j += jb;
-    }
+        },
+        |i, j, g| match g {
+            1 => tile::<BF16, 1, 1>(p, x_row(i), w, i, j),
+            2 => tile::<BF16, 1, 2>(p, x_row(i), w, i, j),
+            3 => tile::<BF16, 1, 3>(p, x_row(i), w, i, j),
+            _ => tile::<BF16, 1, 4>(p, x_row(i), w, i, j),
+        },
+    );
 }
 
 /// 8 weights starting at element `idx`, widened to f32.
@@ -257,55 +234,18 @@ pub(super) unsafe fn prefetch_ahead<const BF16: bool>(w: *const u8, idx: usize) 
     _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(bytes).cast::<i8>());
 }
 
-const BLOCKING: Blocking = Blocking {
-    mr: MR,
-    nr: NR,
-    kc: KC,
-    mc: MC,
-    nc: NC,
-};
-
-/// Fills y[rows x cols] with the shared packed GEMM loop and this tier's microkernel.
-///
-/// # Safety
-/// Same contract as [`gemv`].
-pub unsafe fn gemm(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
-    packed_gemm(p, rows, cols, &BLOCKING, micro_rows);
-}
-
-/// The microkernel instance for a tile of `rows` (1..=MR) x rows.
-///
-/// # Safety
-/// As for `micro`.
-unsafe fn micro_rows(t: &Tile, rows: usize) {
-    match rows {
-        6 => micro::<6>(t),
-        5 => micro::<5>(t),
-        4 => micro::<4>(t),
-        3 => micro::<3>(t),
-        2 => micro::<2>(t),
-        _ => micro::<1>(t),
-    }
-}
+// GEMM blocking: a 6 x 16 register tile (12 ymm accumulators); k blocks of KC = 256 (one packed panel,
+// KC * NR * 4 = 16 KB, stays in L1 while all row tiles use it); row blocks of MC = 72, a multiple of MR
+// (their x slice, MC * KC * 4 = 72 KB, stays in L2); column blocks of NC = 512, a multiple of NR (the
+// packed weights, KC * NC * 4 = 512 KB, stay in L2).
+gemm_entry!(mr: 6, nr: 16, kc: 256, mc: 72, nc: 512, heights: 6 5 4 3 2);
 
 /// M x 16 register tile: y_tile (+)= x[M, kc] * panel[kc, 16] (+ bias).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn micro<const M: usize>(t: &Tile) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; M];
-    let mut b = t.b;
-    let mut a = t.a;
-    for _ in 0..t.kc {
-        let b0 = _mm256_loadu_ps(b);
-        let b1 = _mm256_loadu_ps(b.add(8));
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let av = _mm256_broadcast_ss(&*a.add(r * t.lda));
-            acc_r[0] = _mm256_fmadd_ps(av, b0, acc_r[0]);
-            acc_r[1] = _mm256_fmadd_ps(av, b1, acc_r[1]);
-        }
-        b = b.add(NR);
-        a = a.add(1);
-    }
+    #[rustfmt::skip]
+    let mut acc = micro_k_loop!(t, M, 8, _mm256_setzero_ps, _mm256_loadu_ps, |x| _mm256_broadcast_ss(&*x), _mm256_fmadd_ps);
     if t.nvalid == NR {
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let c = t.c.add(r * t.ldc);

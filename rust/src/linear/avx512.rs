@@ -15,20 +15,11 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::{prefetch_ahead, PREFETCH_ROWS};
-use super::packed_gemm::{packed_gemm, Blocking, Tile};
-use super::{Problem, Weight};
+use super::packed_gemm::{gemm_entry, micro_k_loop, packed_gemm, Blocking, Tile};
+use super::{for_each_gemv_tile, Problem, Weight};
 
-/// GEMM register tile: MR x rows by NR weight columns.
-pub const MR: usize = 12;
-pub const NR: usize = 32;
 /// Up to this many x rows use the GEMV path (measured crossover, see kernel_bench).
 pub const GEMV_MAX_M: usize = 16;
-/// k block: one packed panel (KC * NR * 4 = 32 KB) stays in L1 while all row tiles use it.
-const KC: usize = 256;
-/// Row block (multiple of MR): its x slice (MC * KC * 4 = 96 KB) stays in L2.
-const MC: usize = 96;
-/// Column block (multiple of NR): the packed weights (KC * NC * 4 = 512 KB) stay in L2.
-const NC: usize = 512;
 
 /// Fills y[rows x cols] with the GEMV loop.
 ///
@@ -52,40 +43,26 @@ unsafe fn gemv_impl<const BF16: bool>(
     rows: Range<usize>,
     cols: Range<usize>,
 ) {
-    // Weight rows are taken 8 at a time; all x-row groups run over the block before moving on,
-    // so the block (8 * k elements) is fetched from memory once and re-read from L1/L2.
-    const JB: usize = 8;
-    let mut j = cols.start;
-    while j < cols.end {
-        let jb = JB.min(cols.end - j);
-        let mut i = rows.start;
-        while i < rows.end {
-            let g = (rows.end - i).min(4);
-            if jb == JB {
-                // Tile shapes keep R*G <= 24 accumulators within 32 zmm registers.
-                match g {
-                    1 => tile::<BF16, 8, 1>(p, w, i, j),
-                    2 => tile::<BF16, 8, 2>(p, w, i, j),
-                    3 => tile::<BF16, 8, 3>(p, w, i, j),
-                    _ => {
-                        tile::<BF16, 4, 4>(p, w, i, j);
-                        tile::<BF16, 4, 4>(p, w, i, j + 4);
-                    }
-                }
-            } else {
-                for jj in j..j + jb {
-                    match g {
-                        1 => tile::<BF16, 1, 1>(p, w, i, jj),
-                        2 => tile::<BF16, 1, 2>(p, w, i, jj),
-                        3 => tile::<BF16, 1, 3>(p, w, i, jj),
-                        _ => tile::<BF16, 1, 4>(p, w, i, jj),
-                    }
-                }
+    // Tile shapes keep R*G <= 24 accumulators within 32 zmm registers.
+    for_each_gemv_tile(
+        rows,
+        cols,
+        |i, j, g| match g {
+            1 => tile::<BF16, 8, 1>(p, w, i, j),
+            2 => tile::<BF16, 8, 2>(p, w, i, j),
+            3 => tile::<BF16, 8, 3>(p, w, i, j),
+            _ => {
+                tile::<BF16, 4, 4>(p, w, i, j);
+                tile::<BF16, 4, 4>(p, w, i, j + 4);
             }
-            i += g;
-        }
-        j += jb;
-    }
+        },
+        |i, j, g| match g {
+            1 => tile::<BF16, 1, 1>(p, w, i, j),
+            2 => tile::<BF16, 1, 2>(p, w, i, j),
+            3 => tile::<BF16, 1, 3>(p, w, i, j),
+            _ => tile::<BF16, 1, 4>(p, w, i, j),
+        },
+    );
 }
 
 /// 16 weights starting at element `idx`, widened to f32; lanes outside `mask` are 0 and their
@@ -160,62 +137,19 @@ unsafe fn tile_step<const BF16: bool, const R: usize, const G: usize>(
     }
 }
 
-const BLOCKING: Blocking = Blocking {
-    mr: MR,
-    nr: NR,
-    kc: KC,
-    mc: MC,
-    nc: NC,
-};
-
-/// Fills y[rows x cols] with the shared packed GEMM loop and this tier's microkernel.
-///
-/// # Safety
-/// Same contract as [`gemv`].
-pub unsafe fn gemm(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
-    packed_gemm(p, rows, cols, &BLOCKING, micro_rows);
-}
-
-/// The microkernel instance for a tile of `rows` (1..=MR) x rows.
-///
-/// # Safety
-/// As for `micro`.
-unsafe fn micro_rows(t: &Tile, rows: usize) {
-    match rows {
-        12 => micro::<12>(t),
-        11 => micro::<11>(t),
-        10 => micro::<10>(t),
-        9 => micro::<9>(t),
-        8 => micro::<8>(t),
-        7 => micro::<7>(t),
-        6 => micro::<6>(t),
-        5 => micro::<5>(t),
-        4 => micro::<4>(t),
-        3 => micro::<3>(t),
-        2 => micro::<2>(t),
-        _ => micro::<1>(t),
-    }
-}
+// GEMM blocking: a 12 x 32 register tile (24 zmm accumulators); k blocks of KC = 256 (one packed panel,
+// KC * NR * 4 = 32 KB, stays in L1 while all row tiles use it); row blocks of MC = 96, a multiple of MR
+// (their x slice, MC * KC * 4 = 96 KB, stays in L2); column blocks of NC = 512, a multiple of NR (the
+// packed weights, KC * NC * 4 = 512 KB, stay in L2).
+gemm_entry!(mr: 12, nr: 32, kc: 256, mc: 96, nc: 512, heights: 12 11 10 9 8 7 6 5 4 3 2);
 
 /// M x 32 register tile: y_tile (+)= x[M, kc] * panel[kc, 32] (+ bias). Edge columns are
 /// handled with masked loads/stores, so memory past column `nvalid` is never touched.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
 unsafe fn micro<const M: usize>(t: &Tile) {
-    let mut acc = [[_mm512_setzero_ps(); 2]; M];
-    let mut b = t.b;
-    let mut a = t.a;
-    for _ in 0..t.kc {
-        let b0 = _mm512_loadu_ps(b);
-        let b1 = _mm512_loadu_ps(b.add(16));
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let av = _mm512_set1_ps(*a.add(r * t.lda));
-            acc_r[0] = _mm512_fmadd_ps(av, b0, acc_r[0]);
-            acc_r[1] = _mm512_fmadd_ps(av, b1, acc_r[1]);
-        }
-        b = b.add(NR);
-        a = a.add(1);
-    }
+    #[rustfmt::skip]
+    let mut acc = micro_k_loop!(t, M, 16, _mm512_setzero_ps, _mm512_loadu_ps, |x| _mm512_set1_ps(*x), _mm512_fmadd_ps);
     let valid = if t.nvalid >= 32 {
         u32::MAX
     } else {

@@ -8,19 +8,21 @@
 use super::Weight;
 use crate::bf16::bf16_to_f32;
 
+/// One panel: weight rows (= output columns) j0 .. j0 + nvalid of a panel `nr` wide, and the k values
+/// p0 .. p0 + kc.
+#[derive(Clone, Copy)]
+pub(crate) struct PanelAt {
+    pub j0: usize,
+    pub nvalid: usize,
+    pub p0: usize,
+    pub kc: usize,
+    pub nr: usize,
+}
+
 /// Writes `dst[p * nr + c] = w[(j0 + c) * k + p0 + p]` for p < kc, c < nvalid, and zero for
 /// nvalid <= c < nr.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn pack_panel(
-    w: Weight<'_>,
-    k: usize,
-    j0: usize,
-    nvalid: usize,
-    p0: usize,
-    kc: usize,
-    nr: usize,
-    dst: &mut [f32],
-) {
+pub(crate) fn pack_panel(w: Weight<'_>, k: usize, at: PanelAt, dst: &mut [f32]) {
+    let (j0, nvalid, p0, kc, nr) = (at.j0, at.nvalid, at.p0, at.kc, at.nr);
     assert!(
         nvalid <= nr && dst.len() >= kc * nr,
         "pack_panel: bad panel shape"

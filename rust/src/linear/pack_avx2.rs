@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::pack::pack_panel as pack_panel_scalar;
+use super::pack::{pack_panel as pack_panel_scalar, PanelAt};
 use super::Weight;
 use crate::bf16::bf16_to_f32;
 
@@ -81,19 +81,16 @@ unsafe fn pack_group<const BF16: bool>(
 /// # Safety
 /// The CPU must support AVX2 and FMA. (Slice bounds are checked here.)
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn pack_panel(
-    w: Weight<'_>,
-    k: usize,
-    j0: usize,
-    nvalid: usize,
-    p0: usize,
-    kc: usize,
-    nr: usize,
-    dst: &mut [f32],
-) {
+pub(crate) unsafe fn pack_panel(w: Weight<'_>, k: usize, at: PanelAt, dst: &mut [f32]) {
+    let PanelAt {
+        j0,
+        nvalid,
+        p0,
+        kc,
+        nr,
+    } = at;
     if nvalid != nr || !nr.is_multiple_of(8) || kc < 8 {
-        return pack_panel_scalar(w, k, j0, nvalid, p0, kc, nr, dst);
+        return pack_panel_scalar(w, k, at, dst);
     }
     assert!(dst.len() >= kc * nr, "pack_panel: dst too short");
     assert!(

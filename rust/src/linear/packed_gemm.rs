@@ -8,6 +8,7 @@
 
 use std::ops::Range;
 
+use super::pack::PanelAt;
 use super::pack_avx2::pack_panel;
 use super::Problem;
 use crate::scratch::with_scratch;
@@ -44,6 +45,73 @@ pub(super) struct Blocking {
 /// A tier's microkernel: y tile (+)= x[rows, kc] * panel[kc, NR] (+ bias) for `rows` <= MR rows.
 pub(super) type Micro = unsafe fn(&Tile, usize);
 
+/// Stamps a tier's GEMM entry from one text: its register tile `MR` x `NR` and `BLOCKING`, `gemm` (the
+/// shared loop below with this tier's microkernel) and `micro_rows`, which picks the tier's
+/// `micro::<M>` for each tile height listed (height 1 is the fallback arm). Expanded in the tier's
+/// module, so `micro`, `Problem`, `Range` and `Tile` are that module's.
+macro_rules! gemm_entry {
+    (mr: $mr:literal, nr: $nr:literal, kc: $kc:literal, mc: $mc:literal, nc: $nc:literal,
+     heights: $($rows:literal)+) => {
+        /// GEMM register tile: MR x rows by NR weight columns.
+        pub const MR: usize = $mr;
+        pub const NR: usize = $nr;
+
+        const BLOCKING: Blocking = Blocking {
+            mr: MR,
+            nr: NR,
+            kc: $kc,
+            mc: $mc,
+            nc: $nc,
+        };
+
+        /// Fills y[rows x cols] with the shared packed GEMM loop and this tier's microkernel.
+        ///
+        /// # Safety
+        /// Same contract as [`gemv`].
+        pub unsafe fn gemm(p: &Problem<'_>, rows: Range<usize>, cols: Range<usize>) {
+            packed_gemm(p, rows, cols, &BLOCKING, micro_rows);
+        }
+
+        /// The microkernel instance for a tile of `rows` (1..=MR) x rows.
+        ///
+        /// # Safety
+        /// As for `micro`.
+        unsafe fn micro_rows(t: &Tile, rows: usize) {
+            match rows {
+                $($rows => micro::<$rows>(t),)+
+                _ => micro::<1>(t),
+            }
+        }
+    };
+}
+pub(super) use gemm_entry;
+
+/// The k loop every tier's microkernel opens with, stamped with the tier's intrinsics (so each tier
+/// compiles its own copy, as before): for each of the tile's kc k steps, the panel's two vectors of
+/// columns (`$lanes` apart) are loaded once and each of the `$m` x rows broadcasts its element
+/// (`|$a| $splat`, given a pointer to it) into two FMAs. Evaluates to the `[[vector; 2]; $m]` sums.
+macro_rules! micro_k_loop {
+    ($t:expr, $m:expr, $lanes:literal, $zero:ident, $load:ident, |$a:ident| $splat:expr, $fmadd:ident) => {{
+        let mut acc = [[$zero(); 2]; $m];
+        let mut b = $t.b;
+        let mut a = $t.a;
+        for _ in 0..$t.kc {
+            let b0 = $load(b);
+            let b1 = $load(b.add($lanes));
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let $a = a.add(r * $t.lda);
+                let av = $splat;
+                acc_r[0] = $fmadd(av, b0, acc_r[0]);
+                acc_r[1] = $fmadd(av, b1, acc_r[1]);
+            }
+            b = b.add(NR);
+            a = a.add(1);
+        }
+        acc
+    }};
+}
+pub(super) use micro_k_loop;
+
 /// Fills y[rows x cols] with the packed GEMM loop.
 ///
 /// # Safety
@@ -71,7 +139,14 @@ pub(super) unsafe fn packed_gemm(
                 for q in 0..panels {
                     let j0 = jc + q * bl.nr;
                     let dst = &mut buf[q * kc * bl.nr..(q + 1) * kc * bl.nr];
-                    pack_panel(p.w, k, j0, bl.nr.min(jc + nc - j0), pc, kc, bl.nr, dst);
+                    let at = PanelAt {
+                        j0,
+                        nvalid: bl.nr.min(jc + nc - j0),
+                        p0: pc,
+                        kc,
+                        nr: bl.nr,
+                    };
+                    pack_panel(p.w, k, at, dst);
                 }
                 let first = pc == 0;
                 let last = pc + kc == k;

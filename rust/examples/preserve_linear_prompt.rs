@@ -1,13 +1,13 @@
 //! The decoder's bf16 panel linear at prompt shapes (what preserve reads a prompt with), per tier:
 //! GFLOP/s of `panel_linear` on 2 threads, minimum over interleaved repetitions.
-//! Run: `cargo run --release --example panel_prompt [m=512] [bf16x]` (`bf16x`: activations that are bf16
+//! Run: `cargo run --release --example preserve_linear_prompt [m=512] [bf16x]` (`bf16x`: activations that are bf16
 //! values, one AMX pass instead of three). Tiers: the default one, or `KWKER_ISA`'s.
 use std::time::Instant;
 
 use kwker_kernels::bf16::{bf16_to_f32, f32_to_bf16};
 use kwker_kernels::isa;
-use kwker_kernels::panel::{panel_linear, PanelWeight};
 use kwker_kernels::pool::SpinPool;
+use kwker_kernels::preserve_linear::{panel_linear, PanelWeight};
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
     (0..n)

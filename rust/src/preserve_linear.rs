@@ -1,4 +1,5 @@
-//! `y = x @ w^T + bias` over weights repacked once into column panels: the decoder's linear.
+//! The decoder's float linear ("preserve" precision: f32 or bf16 weights, f32 products and sums):
+//! `y = x @ w^T + bias` over weights repacked once into column panels.
 //!
 //! Layout: the weight's n output rows are cut into panels of 32; a panel stores, for every k, its 32
 //! values side by side (k-major), so one cache line (bf16) or two (f32) feed 32 outputs at once.
@@ -25,6 +26,8 @@ mod generic;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod driver;
 
 use std::ops::Range;
 
@@ -308,20 +311,19 @@ pub fn panel_linear(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Amx, PanelWeight::Bf16 { data, .. }) = (isa, w) {
-        if m >= bf16_gemm::MIN_M {
-            let g = bf16_gemm::Gemm {
-                x,
-                m,
-                k,
-                w: bf16_gemm::Weights::Panels(data),
-                n,
-                bias,
-                y: SyncPtr(y.as_mut_ptr()),
-            };
-            // SAFETY: the Amx tier is supported (asserted above); lengths checked, m, n, k > 0;
-            // y is ours alone for the call.
-            unsafe { bf16_gemm::gemm(par, &g, &|| crate::amx::Hw, true) };
+    if let PanelWeight::Bf16 { data, .. } = w {
+        let g = bf16_gemm::Gemm {
+            x,
+            m,
+            k,
+            w: bf16_gemm::Weights::Panels(data),
+            n,
+            bias,
+            y: SyncPtr(y.as_mut_ptr()),
+        };
+        // SAFETY: the tier is supported (asserted above); lengths checked, m, n, k > 0; y is ours
+        // alone for the call.
+        if unsafe { bf16_gemm::gemm_on_amx(isa, par, &g) } {
             return;
         }
     }

@@ -9,9 +9,9 @@ use common::Rng;
 use kwker_kernels::bf16::bf16_to_f32;
 use kwker_kernels::isa;
 use kwker_kernels::linear::{linear, Weight};
-use kwker_kernels::panel::{panel_linear, panel_linear_group, GroupItem, PanelWeight};
 use kwker_kernels::par::{ScopedThreads, Serial};
 use kwker_kernels::pool::SpinPool;
+use kwker_kernels::preserve_linear::{panel_linear, panel_linear_group, GroupItem, PanelWeight};
 
 /// |a - b| <= 1e-5 * (sum of |x_k w_k| + |bias|): f32 summation-order error, never more.
 fn check(got: &[f32], want: &[f32], scale: &[f32], what: &str) {
