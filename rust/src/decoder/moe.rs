@@ -4,7 +4,7 @@
 //! output is the weighted sum of its experts' outputs.
 //!
 //! Numerical contract (float32, as Hugging Face's float32 forward):
-//!   logits = router · x (the panel/quant linear's f32 sums)
+//!   logits = router · x (the preserve/quant linear's f32 sums)
 //!   softmax_topk: p = exp(l - max) / sum(exp(l - max)) over all experts; the k largest p (ties to the
 //!                 lower expert, a stable order); divided by their sum when renormalising
 //!   topk_softmax: the k largest logits; softmax over those k

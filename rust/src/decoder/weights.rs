@@ -59,7 +59,7 @@ impl MatFormat {
 }
 
 /// A [rows, cols] weight matrix, packed once into the layout its kernel reads whatever the batch
-/// size: column panels of bf16/f32 values (`panel.rs`), or 8-/4-bit codes (`quant.rs`).
+/// size: column panels of bf16/f32 values (`preserve_linear.rs`), or 8-/4-bit codes (`quant.rs`).
 #[derive(Clone, Debug)]
 pub enum Mat {
     Panel(PanelWeight),
