@@ -51,6 +51,43 @@ def check_model(model: torch.nn.Module) -> tuple[families.Family, dict[str, Any]
     return families.read(model)
 
 
+def mem_available() -> int | None:
+    """Bytes of RAM free for new allocations (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def context_that_fits(recipe: dict[str, Any], trained: int, max_batch: int, share: float = 0.5) -> int:
+    """``max_context="auto"``: the model's trained context, or less where ``max_batch`` slots of that would
+    take more than ``share`` of the memory available now (the longest context that fits, in steps of 256);
+    logged with the reason."""
+    budget = mem_available()
+    fits = trained if budget is None else 0
+    if budget is not None:
+        lo, hi = 1, trained  # the cache grows with the context: the longest that fits, by bisection
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if max_batch * kv_cache_bytes(recipe, mid) <= share * budget:
+                fits, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        if fits < trained:
+            fits = max(fits // 256 * 256, min(trained, 256))
+    kv = max_batch * kv_cache_bytes(recipe, fits)
+    why = ("the model's trained context" if fits == trained else
+           f"the model is trained for {trained}; {max_batch} slots of that would take more than half of the "
+           f"{budget / 2**30:.1f} GiB of memory available: lower the slots for more")  # fmt: skip
+    log.info("kwker: max_context auto = %d tokens per slot (%s); KV cache %.2f GiB for %d slot(s), float32",
+             fits, why, kv / 2**30, max_batch)  # fmt: skip
+    return fits
+
+
 def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_context: Any) -> tuple[int, int]:
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
         raise ValueError(f"kwker: max_batch must be a positive int (sequence slots), got {max_batch!r}")
@@ -58,8 +95,10 @@ def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_
     limit = next((int(getattr(cfg, n)) for n in families.MAX_POSITIONS if getattr(cfg, n, None)), 4096)
     if max_context is None:
         max_context = min(limit, 4096)
+    elif max_context == "auto":
+        max_context = context_that_fits(recipe, limit, max_batch)
     if not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1:
-        raise ValueError(f"kwker: max_context must be a positive int, got {max_context!r}")
+        raise ValueError(f"kwker: max_context must be a positive int or \"auto\", got {max_context!r}")
     learned = recipe["positions"].get("learned")
     if learned is not None and max_context > learned["len"] - learned["offset"]:
         raise ValueError(

@@ -77,7 +77,7 @@ class KwkDecoder:
         model: torch.nn.Module,
         precision: str = "preserve",
         max_batch: int = 1,
-        max_context: int | None = None,
+        max_context: int | str | None = None,
         *,
         calib: str | Sequence[int] | torch.Tensor | None = None,
         tokenizer: Any | None = None,
@@ -87,7 +87,8 @@ class KwkDecoder:
     ) -> Any:
         """Builds a decoder from a loaded Hugging Face causal LM of any family ``families.supported()`` lists
         (its weights are copied; the model is not changed). ``max_context`` defaults to the model's
-        ``max_position_embeddings``, capped at 4096.
+        ``max_position_embeddings``, capped at 4096; ``"auto"`` takes the whole trained context where
+        ``max_batch`` slots of it fit in half of the memory available (else the longest that does), logged.
 
         ``precision``: "preserve" (the model's own weights), "balanced"/"int8" or "int4" (see ``plan.py``).
         ``calib``: a text (with ``tokenizer``) or token ids whose activations weight the quantization error
@@ -102,13 +103,14 @@ class KwkDecoder:
         if not families.maps(model) and compiled.is_causal_lm(model):
             if precision != "preserve" or calib is not None or formats is not None or gptq:
                 raise compiled.refuse(model, f"precision={precision!r} (or calib=, formats=, gptq=)")
-            return compiled.CompiledDecoder(model, max_batch, max_context)
+            # "auto": the compile path sizes its static cache per generate() call, up to its own limit.
+            return compiled.CompiledDecoder(model, max_batch, None if max_context == "auto" else max_context)
         return build.from_hf(cls, model, precision, max_batch, max_context, calib=calib, tokenizer=tokenizer,
                              formats=formats, gptq=gptq, act_order=act_order)  # fmt: skip
 
     @classmethod
     def from_gguf(
-        cls, path: str | os.PathLike[str], max_batch: int = 1, max_context: int | None = None
+        cls, path: str | os.PathLike[str], max_batch: int = 1, max_context: int | str | None = None
     ) -> KwkDecoder:
         """Builds a decoder from a llama.cpp GGUF file as it is: its quantized tensors repacked into this
         library's formats without changing a value where a format holds them (``gguf.py`` lists which),

@@ -27,7 +27,7 @@ class ServeOptions:
     calib: str | None = None  # a text file whose activations weight int8/int4's rounding (calib= of from_hf)
     gptq: bool = False  # with calib: each matrix's codes chosen by GPTQ
     slots: int = 8  # sequences decoded together in one step (each holds one request and its cached text)
-    max_context: int = 2048  # tokens per slot: prompt + completion
+    max_context: int = 0  # tokens per slot: prompt + completion (0: the trained context as far as memory allows)
     queue: int = 64  # requests waiting for a slot beyond those running; more are answered 429
     prefill_chunk: int = 64  # prompt tokens read per step (across requests), between decode steps
     prompt_lookup: int = 8  # most prompt-lookup drafts per step for a greedy request at low load (0: off)
@@ -53,8 +53,10 @@ class ServeOptions:
                 raise ValueError(f"--calib {self.calib!r}: no such file; pass a text file")
         for name in ("slots", "max_context", "prefill_chunk"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+            if not isinstance(v, int) or v < (0 if name == "max_context" else 1):
+                auto = name == "max_context"
+                what = "an integer >= 0 (0: as long as memory allows)" if auto else "a positive integer"
+                raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {v!r}")
         if not isinstance(self.prompt_lookup, int) or self.prompt_lookup < 0:
             raise ValueError(f"--prompt-lookup must be an integer >= 0 (0 = off), got {self.prompt_lookup!r}")
         if not isinstance(self.queue, int) or self.queue < 0:
@@ -82,7 +84,8 @@ FLAG_HELP = {
              "this text)",
     "gptq": "with --calib: choose each matrix's codes by GPTQ (error compensation through the inputs' Hessian)",
     "slots": "sequences decoded together per step; each keeps its text for prefix reuse",
-    "max_context": "tokens per request (prompt + completion)",
+    "max_context": "tokens per request (prompt + completion); 0 (the default): the model's trained context, or "
+    "the longest that --slots slots fit in half of the memory available, said at start",
     "queue": "requests that may wait for a slot; beyond it, 429 with Retry-After",
     "prefill_chunk": "prompt tokens read per step while other requests are generating",
     "prompt_lookup": "most draft tokens per step copied from a greedy request's own text (speculative decoding "
