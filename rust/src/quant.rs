@@ -578,6 +578,43 @@ pub(crate) struct Job<'a> {
     pub y: SyncPtr<f32>,
 }
 
+impl<'a> Job<'a> {
+    /// Walks `panels` and, in each, the rows in tiles of at most `mr`: `tile(p, i0, rows)` runs one
+    /// (every tier's `panels` loop).
+    #[inline(always)]
+    pub(crate) fn for_each_tile(
+        &self,
+        panels: Range<usize>,
+        mr: usize,
+        mut tile: impl FnMut(usize, usize, usize),
+    ) {
+        for p in panels {
+            let mut i0 = 0;
+            while i0 < self.m {
+                let rows = (self.m - i0).min(mr);
+                tile(p, i0, rows);
+                i0 += rows;
+            }
+        }
+    }
+
+    /// Row i0's activation codes (rows k apart) and its per-32 scales and code sums (rows k / 32
+    /// apart).
+    ///
+    /// # Safety
+    /// i0 < m, and the activations hold the job's m rows.
+    #[inline(always)]
+    pub(crate) unsafe fn row_codes(&self, i0: usize) -> (*const i8, &'a [f32], &'a [f32]) {
+        let (a, k) = (self.acts, self.w.k());
+        let nsub = k / QSUB;
+        (
+            a.q.as_ptr().add(i0 * k),
+            &a.d[i0 * nsub..],
+            &a.s[i0 * nsub..],
+        )
+    }
+}
+
 type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
 type QuantizeFn = unsafe fn(&[f32], ActsOut);
 

@@ -25,7 +25,9 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
-use super::avx2::{bytes_f32, f16x16, q4_codes, q4k_scales, q6k_codes};
+use super::avx2::{
+    add_group, bx, bytes_f32, dx_sx, f16x16, q4_codes, q4k_scales, q4k_step, q6k_codes, q6k_step,
+};
 use super::kblock::{Layout, SUBS};
 use super::{store, Format, Job, QPANEL, QSUB};
 use crate::scratch::with_scratch;
@@ -75,11 +77,6 @@ unsafe fn unpack(blk: *const u8, t: usize, u: *mut u8) {
             }
         }
     }
-}
-
-#[inline(always)]
-pub(super) unsafe fn bx(p: *const i8) -> __m256i {
-    _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 
 /// Row i0's activations: k, sub-blocks per row, its int8 codes, and its per-32 scales and code sums.
@@ -144,19 +141,13 @@ unsafe fn rows<const M: usize, const Q: usize>(
             }
         }
         for r in 0..M {
-            let dx = *dxs.add(r * nsub + sb);
-            let (dxv, cv) = (
-                _mm256_set1_ps(dx),
-                _mm256_set1_ps(*sxs.add(r * nsub + sb) * dx),
-            );
+            let scale = dx_sx(*dxs.add(r * nsub + sb), *sxs.add(r * nsub + sb));
             for q in 0..Q {
                 let (up, h) = half(q);
                 let o = up.add(64 + s * SUB_BYTES);
                 let scp = _mm256_load_si256(o.add(32 * h).cast());
                 let dm = _mm256_load_ps(o.add(64 + 32 * h).cast());
-                let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][q], scp));
-                ya[r][q] = _mm256_fmadd_ps(dot, dxv, ya[r][q]);
-                y[r][q] = _mm256_fnmadd_ps(dm, cv, y[r][q]);
+                q4k_step(&mut ya[r][q], &mut y[r][q], acc[r][q], scp, dm, scale);
             }
         }
     }
@@ -364,36 +355,23 @@ unsafe fn rows_q6k<const M: usize>(
     yacc: *mut f32,
 ) {
     let (k, nsub, xq, dxs, sxs) = row_acts(job, i0);
-    let ones = _mm256_set1_epi16(1);
     let mut y = load_y::<M, 2>(yacc);
     for s in 0..t {
         let sb = sb0 + s;
         let o = u.add(s * Q6_SUB_BYTES);
         let mut acc = [[_mm256_setzero_si256(); 2]; M];
         for g in 0..4 {
+            // Half h's two code vectors, as `q6k_codes` gives them.
             let at = o.add(64 + g * 128);
-            let w: [__m256i; 4] = std::array::from_fn(|i| _mm256_load_si256(at.add(32 * i).cast()));
-            for r in 0..M {
-                let xr = xq.add(r * k + sb * QSUB + g * 8);
-                let (xa, xb) = (bx(xr), bx(xr.add(4)));
-                for h in 0..2 {
-                    let pr = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(w[2 * h], xa),
-                        _mm256_maddubs_epi16(w[2 * h + 1], xb),
-                    );
-                    acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, ones));
-                }
-            }
+            let w: [[__m256i; 2]; 2] = std::array::from_fn(|h| {
+                std::array::from_fn(|c| _mm256_load_si256(at.add(64 * h + 32 * c).cast()))
+            });
+            add_group::<M, true>(&mut acc, &w, xq.add(sb * QSUB + g * 8), k);
         }
+        let ds = [0, 32].map(|h| _mm256_load_ps(o.add(h).cast()));
         for r in 0..M {
-            let sx = _mm256_set1_ps(*sxs.add(r * nsub + sb));
-            let dx = _mm256_set1_ps(*dxs.add(r * nsub + sb));
-            for h in 0..2 {
-                let ds = _mm256_load_ps(o.add(32 * h).cast());
-                let dot = _mm256_cvtepi32_ps(acc[r][h]);
-                let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
-                y[r][h] = _mm256_fmadd_ps(ds, _mm256_mul_ps(c, dx), y[r][h]);
-            }
+            let (dx, sx) = (*dxs.add(r * nsub + sb), *sxs.add(r * nsub + sb));
+            q6k_step(&mut y[r], &acc[r], ds, dx, sx);
         }
     }
     for r in 0..M {
