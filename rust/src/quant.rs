@@ -579,6 +579,24 @@ pub(crate) struct Job<'a> {
 }
 
 impl<'a> Job<'a> {
+    /// A call's job: y (m * n values) written through a raw pointer by the tasks, each its own columns.
+    pub(crate) fn new(
+        acts: &'a QActs,
+        m: usize,
+        w: &'a QuantWeight,
+        bias: Option<&'a [f32]>,
+        y: &'a mut [f32],
+    ) -> Job<'a> {
+        let y = SyncPtr(y.as_mut_ptr());
+        Job {
+            acts,
+            m,
+            w,
+            bias,
+            y,
+        }
+    }
+
     /// Walks `panels` and, in each, the rows in tiles of at most `mr`: `tile(p, i0, rows)` runs one
     /// (every tier's `panels` loop).
     #[inline(always)]
@@ -638,6 +656,16 @@ impl Tier {
         }
     }
 
+    /// The job's panel ranges, one per task: as many tasks as threads, but at most one per
+    /// `MIN_MACS_PER_TASK` multiply-adds, each a multiple of `panel_align` panels.
+    fn chunks(&self, par: &dyn Parallel, job: &Job<'_>) -> Vec<Range<usize>> {
+        let (m, n, k) = (job.m, job.w.n, job.w.k);
+        let want = par
+            .num_threads()
+            .clamp(1, (m * n * k / MIN_MACS_PER_TASK).max(1));
+        chunk_ranges(n.div_ceil(QPANEL), want, self.panel_align(job.w, m))
+    }
+
     /// Runs the job's panels `panels` with the kernels of its matrix's format.
     ///
     /// # Safety
@@ -656,41 +684,35 @@ impl Tier {
 fn tier(isa: Isa) -> Tier {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa >= Isa::Amx && avx512::usable() && crate::amx::int8::usable() {
-            // Prompts of the super-block formats on AMX-INT8 tiles; everything else as AVX-512 VNNI.
-            return Tier {
-                panels: avx512::panels,
-                quantize: avx512::quantize_rows,
-                name: "amx-int8",
-                fine: false,
-                sup: Some(&superblock::amx::KERNELS),
-            };
-        }
         if isa >= Isa::Avx512 && avx512::usable() {
+            // On AMX-INT8 CPUs the super-block formats' prompts run on its tiles; all else as AVX-512.
+            let amx = isa >= Isa::Amx && crate::amx::int8::usable();
             return Tier {
                 panels: avx512::panels,
                 quantize: avx512::quantize_rows,
-                name: "avx512vnni",
+                name: if amx { "amx-int8" } else { "avx512vnni" },
                 fine: false,
-                sup: Some(&superblock::avx512::KERNELS),
-            };
-        }
-        if isa >= Isa::AvxVnni && avxvnni::usable() {
-            return Tier {
-                panels: avxvnni::real::panels,
-                quantize: avx2::quantize_rows,
-                name: "avxvnni",
-                fine: true,
-                sup: Some(&avxvnni::real::sup::KERNELS),
+                sup: Some(if amx {
+                    &superblock::amx::KERNELS
+                } else {
+                    &superblock::avx512::KERNELS
+                }),
             };
         }
         if isa >= Isa::Avx2 && avx2::usable() {
+            // The AVX2 quantizer (with the i16 fine codes) under the AVX-VNNI kernels where the CPU
+            // has them, else the AVX2 ones (whose super-block path is their own: no `sup`).
+            let vnni = isa >= Isa::AvxVnni && avxvnni::usable();
             return Tier {
-                panels: avx2::panels,
+                panels: if vnni {
+                    avxvnni::real::panels
+                } else {
+                    avx2::panels
+                },
                 quantize: avx2::quantize_rows,
-                name: "avx2",
+                name: if vnni { "avxvnni" } else { "avx2" },
                 fine: true,
-                sup: None,
+                sup: vnni.then_some(&avxvnni::real::sup::KERNELS),
             };
         }
     }
@@ -730,9 +752,7 @@ pub fn quant_linear_amx_emulated(
     bias: Option<&[f32]>,
     y: &mut [f32],
 ) {
-    let (n, k) = (w.n, w.k);
-    assert!(x.len() == m * k && y.len() == m * n && bias.is_none_or(|b| b.len() == n));
-    if m > 0 && n > 0 {
+    if check(x, m, w, bias, y) {
         let sup: &'static superblock::Kernels = if simd_epilogue {
             assert!(
                 cfg!(target_arch = "x86_64") && Isa::Avx512.is_supported(),
@@ -795,32 +815,36 @@ pub fn quant_linear(
     bias: Option<&[f32]>,
     y: &mut [f32],
 ) {
-    let (n, k) = (w.n, w.k);
-    assert_eq!(
-        x.len(),
-        m * k,
-        "quant_linear: x has {} elements, expected {m}*{k}",
-        x.len()
-    );
-    assert_eq!(
-        y.len(),
-        m * n,
-        "quant_linear: y has {} elements, expected {m}*{n}",
-        y.len()
-    );
-    assert!(
-        bias.is_none_or(|b| b.len() == n),
-        "quant_linear: the bias must have {n} values"
-    );
+    assert_supported(isa);
+    if check(x, m, w, bias, y) {
+        linear_with(isa, &tier(isa), par, x, m, w, bias, y);
+    }
+}
+
+/// Panics unless the CPU runs `isa`.
+fn assert_supported(isa: Isa) {
+    let name = isa.name();
     assert!(
         isa.is_supported(),
-        "quant_linear: tier {} is not supported by this CPU",
-        isa.name()
+        "quant_linear: tier {name} is not supported by this CPU"
     );
-    if m == 0 || n == 0 {
-        return;
-    }
-    linear_with(isa, &tier(isa), par, x, m, w, bias, y);
+}
+
+/// Panics (never UB) unless x, y and the bias have the lengths of an [m, k] x [n, k]^T linear;
+/// returns whether there is anything to compute.
+fn check(x: &[f32], m: usize, w: &QuantWeight, bias: Option<&[f32]>, y: &[f32]) -> bool {
+    let (n, k, xl, yl) = (w.n, w.k, x.len(), y.len());
+    assert!(
+        xl == m * k,
+        "quant_linear: x has {xl} elements, expected {m}*{k}"
+    );
+    assert!(
+        yl == m * n,
+        "quant_linear: y has {yl} elements, expected {m}*{n}"
+    );
+    let bias_fits = bias.is_none_or(|b| b.len() == n);
+    assert!(bias_fits, "quant_linear: the bias must have {n} values");
+    m > 0 && n > 0
 }
 
 /// The AVX-VNNI tier's kernels over an exact AVX2 emulation of `vpdpbusd`: how its logic is tested
@@ -841,9 +865,7 @@ pub fn quant_linear_vnni_emulated(
     );
     #[cfg(target_arch = "x86_64")]
     {
-        let (n, k) = (w.n, w.k);
-        assert!(x.len() == m * k && y.len() == m * n && bias.is_none_or(|b| b.len() == n));
-        if m > 0 && n > 0 {
+        if check(x, m, w, bias, y) {
             let emulated = Tier {
                 panels: avxvnni::emulated::panels,
                 sup: Some(&avxvnni::emulated::sup::KERNELS),
@@ -866,22 +888,11 @@ fn linear_with(
     bias: Option<&[f32]>,
     y: &mut [f32],
 ) {
-    let (n, k) = (w.n, w.k);
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
-        quantize_par(isa, par, x, k, &mut acts);
-        let job = Job {
-            acts: &acts,
-            m,
-            w,
-            bias,
-            y: SyncPtr(y.as_mut_ptr()),
-        };
-        let panels = n.div_ceil(QPANEL);
-        let want = par
-            .num_threads()
-            .clamp(1, (m * n * k / MIN_MACS_PER_TASK).max(1));
-        let chunks = chunk_ranges(panels, want, kernels.panel_align(w, m));
+        quantize_par(isa, par, x, w.k, &mut acts);
+        let job = Job::new(&acts, m, w, bias, y);
+        let chunks = kernels.chunks(par, &job);
         let task = |i: usize| {
             // SAFETY: supported tier, activations quantized for the format by it; chunks are disjoint
             // panel ranges, so each task writes its own columns of y; every length was checked above.
@@ -909,21 +920,9 @@ thread_local! {
 /// item's result is bit-identical to `quant_linear` of that item alone (same codes, same kernels).
 /// Panics (never UB) when a length disagrees with the shapes or `isa` is not supported.
 pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'_>]) {
-    assert!(
-        isa.is_supported(),
-        "quant_linear_group: tier {} is not supported by this CPU",
-        isa.name()
-    );
+    assert_supported(isa);
     for it in items.iter() {
-        let (n, k) = (it.w.n, it.w.k);
-        assert!(
-            it.x.len() == it.m * k && it.y.len() == it.m * n,
-            "quant_linear_group: x has {} and y {} elements, expected {}*{k} and {}*{n}",
-            it.x.len(),
-            it.y.len(),
-            it.m,
-            it.m
-        );
+        check(it.x, it.m, it.w, None, it.y);
     }
     let kernels = tier(isa);
     GROUP_ACTS.with(|cell| {
@@ -939,27 +938,13 @@ pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'
         let jobs: Vec<Job<'_>> = items
             .iter_mut()
             .zip(acts.iter())
-            .map(|(it, a)| Job {
-                acts: a,
-                m: it.m,
-                w: it.w,
-                bias: None,
-                y: SyncPtr(it.y.as_mut_ptr()),
-            })
+            .map(|(it, a)| Job::new(a, it.m, it.w, None, it.y))
             .collect();
         // (job, panel range) tasks, each job split as quant_linear splits it.
         let mut tasks: Vec<(usize, Range<usize>)> = Vec::new();
         for (j, job) in jobs.iter().enumerate() {
-            let (n, k) = (job.w.n, job.w.k);
-            if job.m == 0 || n == 0 {
-                continue;
-            }
-            let want = par
-                .num_threads()
-                .clamp(1, (job.m * n * k / MIN_MACS_PER_TASK).max(1));
-            let align = kernels.panel_align(job.w, job.m);
-            for r in chunk_ranges(n.div_ceil(QPANEL), want, align) {
-                tasks.push((j, r));
+            if job.m > 0 && job.w.n > 0 {
+                tasks.extend(kernels.chunks(par, job).into_iter().map(|r| (j, r)));
             }
         }
         let task = |i: usize| {

@@ -110,12 +110,11 @@ pub(super) unsafe fn load_y<const M: usize, const Q: usize>(yacc: *const f32) ->
 #[allow(clippy::needless_range_loop)] // y[r], ya[r], acc[r] are register tiles indexed by a constant bound
 unsafe fn rows<const M: usize, const Q: usize>(
     job: &Job<'_>,
-    u: *const u8,
-    t: usize,
-    sb0: usize,
+    at: SuperAt,
     i0: usize,
     yacc: *mut f32,
 ) {
+    let SuperAt { u, t, sb0 } = at;
     let (k, nsub, xq, dxs, sxs) = row_acts(job, i0);
     // Half panel q's unpacked super-block and its offset within a sub-block's groups.
     let half = |q: usize| (u.add((q / 2) * SUPER_BYTES), q % 2);
@@ -163,27 +162,20 @@ unsafe fn rows<const M: usize, const Q: usize>(
 
 /// Q4K: rows i0.. of panels (P = 1 or 2) against the unpacked super-block at `u`; returns the rows done.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_tile<const P: usize>(
-    job: &Job<'_>,
-    u: *const u8,
-    t: usize,
-    sb0: usize,
-    i0: usize,
-    yr: *mut f32,
-) -> usize {
+unsafe fn q4k_tile<const P: usize>(job: &Job<'_>, at: SuperAt, i0: usize, yr: *mut f32) -> usize {
     let left = job.m - i0;
     if P == 2 {
         match left {
-            1 => rows::<1, 4>(job, u, t, sb0, i0, yr),
-            _ => rows::<2, 4>(job, u, t, sb0, i0, yr),
+            1 => rows::<1, 4>(job, at, i0, yr),
+            _ => rows::<2, 4>(job, at, i0, yr),
         }
         left.min(2)
     } else {
         match left {
-            1 => rows::<1, 2>(job, u, t, sb0, i0, yr),
-            2 => rows::<2, 2>(job, u, t, sb0, i0, yr),
-            3 => rows::<3, 2>(job, u, t, sb0, i0, yr),
-            _ => rows::<4, 2>(job, u, t, sb0, i0, yr),
+            1 => rows::<1, 2>(job, at, i0, yr),
+            2 => rows::<2, 2>(job, at, i0, yr),
+            3 => rows::<3, 2>(job, at, i0, yr),
+            _ => rows::<4, 2>(job, at, i0, yr),
         }
         left.min(MR)
     }
@@ -191,8 +183,17 @@ unsafe fn q4k_tile<const P: usize>(
 
 /// Unpacks a super-block (`blk`, its sub-block count, the 32-byte aligned destination).
 pub(super) type UnpackFn = unsafe fn(*const u8, usize, *mut u8);
-/// A row tile: `tile(job, u, t, sb0, i0, yacc)` takes rows i0.. and returns how many it did.
-pub(super) type TileFn = unsafe fn(&Job<'_>, *const u8, usize, usize, usize, *mut f32) -> usize;
+/// A row tile: `tile(job, at, i0, yacc)` takes rows i0.. and returns how many it did.
+pub(super) type TileFn = unsafe fn(&Job<'_>, SuperAt, usize, *mut f32) -> usize;
+
+/// The super-block a row tile reads: its unpacked bytes (`u`), its sub-blocks (`t`), and the index of
+/// its first sub-block within a row (`sb0`).
+#[derive(Clone, Copy)]
+pub(super) struct SuperAt {
+    u: *const u8,
+    t: usize,
+    sb0: usize,
+}
 
 /// What a format's path is made of: its unpacked super-block's size, the unpacking, and the row tiles.
 struct Path {
@@ -248,7 +249,12 @@ unsafe fn drive<const P: usize>(job: &Job<'_>, p0: usize, path: &Path) {
             }
             let mut i0 = 0;
             while i0 < m {
-                i0 += (path.tile)(job, u, t, b * SUBS, i0, ya.add(i0 * stride));
+                let at = SuperAt {
+                    u,
+                    t,
+                    sb0: b * SUBS,
+                };
+                i0 += (path.tile)(job, at, i0, ya.add(i0 * stride));
             }
         }
         for i in 0..m {
@@ -346,14 +352,8 @@ unsafe fn unpack_q6k(blk: *const u8, t: usize, u: *mut u8) {
 /// sum(q)) * dx)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // y[r], acc[r] are register tiles indexed by a constant bound
-unsafe fn rows_q6k<const M: usize>(
-    job: &Job<'_>,
-    u: *const u8,
-    t: usize,
-    sb0: usize,
-    i0: usize,
-    yacc: *mut f32,
-) {
+unsafe fn rows_q6k<const M: usize>(job: &Job<'_>, at: SuperAt, i0: usize, yacc: *mut f32) {
+    let SuperAt { u, t, sb0 } = at;
     let (k, nsub, xq, dxs, sxs) = row_acts(job, i0);
     let mut y = load_y::<M, 2>(yacc);
     for s in 0..t {
@@ -382,19 +382,12 @@ unsafe fn rows_q6k<const M: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_tile(
-    job: &Job<'_>,
-    u: *const u8,
-    t: usize,
-    sb0: usize,
-    i0: usize,
-    yr: *mut f32,
-) -> usize {
+unsafe fn q6k_tile(job: &Job<'_>, at: SuperAt, i0: usize, yr: *mut f32) -> usize {
     let left = job.m - i0;
     match left {
-        1 => rows_q6k::<1>(job, u, t, sb0, i0, yr),
-        2 => rows_q6k::<2>(job, u, t, sb0, i0, yr),
-        _ => rows_q6k::<3>(job, u, t, sb0, i0, yr),
+        1 => rows_q6k::<1>(job, at, i0, yr),
+        2 => rows_q6k::<2>(job, at, i0, yr),
+        _ => rows_q6k::<3>(job, at, i0, yr),
     }
     left.min(3)
 }
