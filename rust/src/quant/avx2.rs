@@ -462,19 +462,12 @@ pub(super) unsafe fn bytes_f32(v: __m128i, signed: bool) -> [__m256; 2] {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
 unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
-    let (w, (xq, dxs, sxs)) = (job.w, job.row_codes(i0));
-    let (f, k) = (w.format, w.k());
-    let (lay, nsub, full) = (Layout::new(f, k), k / QSUB, f.block_bytes());
+    let (xq, dxs, sxs) = job.row_codes(i0);
+    let (f, k) = (job.w.format, job.w.k());
+    let (nsub, full) = (k / QSUB, f.block_bytes());
     let mut y = [[_mm256_setzero_ps(); 2]; M];
-    let half = |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
-    for b in 0..lay.blocks() {
-        let t = lay.subs(b);
-        let blk = w.data().as_ptr().add(lay.at(p, b));
-        // The next super-block's header (its scales), one super-block ahead; harmless past the end.
-        for line in 0..4 {
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
-        }
-        let dv = half(blk);
+    for_each_super(job, p, |b, t, blk| {
+        let dv = f16x16(blk);
         for s in 0..t {
             let sb = b * SUBS + s;
             let cp = blk.add(Layout::codes_at(f, t, s));
@@ -496,8 +489,27 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 q6k_step(&mut y[r], &acc[r], ds, dx, sx);
             }
         }
-    }
+    });
     store_halves(job, i0, p, &y);
+}
+
+/// Runs `block(b, t, bytes)` on panel p's super-blocks in k order (t: its sub-blocks), each after
+/// prefetching the next super-block's header (its scales, one super-block ahead; harmless past the end).
+///
+/// # Safety
+/// p is a panel of the job's Q4K or Q6K matrix; `block` reads at most the super-block's bytes.
+#[inline(always)]
+unsafe fn for_each_super(job: &Job<'_>, p: usize, mut block: impl FnMut(usize, usize, *const u8)) {
+    let (w, f) = (job.w, job.w.format);
+    let (lay, full) = (Layout::new(f, w.k()), f.block_bytes());
+    for b in 0..lay.blocks() {
+        let t = lay.subs(b);
+        let blk = w.data().as_ptr().add(lay.at(p, b));
+        for line in 0..4 {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
+        }
+        block(b, t, blk);
+    }
 }
 
 /// Q4K: per 32-value sub-block the i16 sums (as Q4) meet the 6-bit scale in the widening `vpmaddwd`
@@ -507,17 +519,11 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
 unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
-    let (w, (xq, dxs, sxs)) = (job.w, job.row_codes(i0));
-    let (f, k) = (w.format, w.k());
-    let (lay, nsub, full) = (Layout::new(f, k), k / QSUB, f.block_bytes());
+    let (xq, dxs, sxs) = job.row_codes(i0);
+    let (f, k) = (job.w.format, job.w.k());
+    let (nsub, full) = (k / QSUB, f.block_bytes());
     let mut y = [[_mm256_setzero_ps(); 2]; M];
-    for b in 0..lay.blocks() {
-        let t = lay.subs(b);
-        let blk = w.data().as_ptr().add(lay.at(p, b));
-        // The next super-block's header (its scales), one super-block ahead; harmless past the end.
-        for line in 0..4 {
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
-        }
+    for_each_super(job, p, |b, t, blk| {
         let (dv, mv) = (f16x16(blk), f16x16(blk.add(32)));
         let mut ya = [[_mm256_setzero_ps(); 2]; M];
         for s in 0..t {
@@ -544,7 +550,7 @@ unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 y[r][h] = _mm256_fmadd_ps(dv[h], ya[r][h], y[r][h]);
             }
         }
-    }
+    });
     store_halves(job, i0, p, &y);
 }
 
