@@ -45,6 +45,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows;
 #[cfg(target_arch = "x86_64")]
+mod avx2_unpack;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avxvnni;

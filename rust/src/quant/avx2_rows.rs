@@ -25,9 +25,8 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
-use super::avx2::{
-    add_group, bx, bytes_f32, dx_sx, f16x16, q4_codes, q4k_scales, q4k_step, q6k_codes, q6k_step,
-};
+use super::avx2::{add_group, bx, dx_sx, q4k_step, q6k_step};
+use super::avx2_unpack::{bytes_f32, f16x16, q4_codes, q4k_scales, q6k_codes};
 use super::kblock::{Layout, SUBS};
 use super::{store, Format, Job, QPANEL, QSUB};
 use crate::scratch::with_scratch;

@@ -46,7 +46,8 @@ macro_rules! vnni_kernels {
         use std::arch::x86_64::*;
         use std::ops::Range;
 
-        use crate::quant::avx2::{bx, f16x16, store_halves, BlockTile};
+        use crate::quant::avx2::{bx, store_halves, BlockTile};
+        use crate::quant::avx2_unpack::f16x16;
         use crate::quant::{Format, Job, LO, QSUB};
 
         /// x rows per register tile: 2 rows x 2 halves x 2 i32 chains, and 2 x 2 f32 outputs.

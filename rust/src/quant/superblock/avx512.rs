@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::{x86, Kernels, Tile};
-use crate::quant::avx2::q4k_scale_bytes;
+use crate::quant::avx2_unpack::q4k_scale_bytes;
 use crate::quant::avx512::bx;
 use crate::quant::kblock::Layout;
 use crate::quant::Format;
