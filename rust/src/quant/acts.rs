@@ -1,11 +1,13 @@
-//! Activation quantization into `QActs`: each tier's quantizer behind one entry point
+//! Activation quantization into `QActs`: the scalar reference of one 32-block (`quantize_block`, with
+//! the scale rule every tier shares, `block_scale`), each tier's quantizer behind one entry point
 //! (`quantize_activations`), a prompt's rows split across the pool (`quantize_par`), and the raw view
 //! (`ActsOut`) through which several threads write one buffer.
 //!
 //! Numerical contract: every 32-block is quantized alone, bit-identical to `quantize_block` in every tier,
 //! so the codes do not depend on the tier or on how rows are split across threads.
 
-use super::{tier, BlockCodes, QActs, QuantizeFn, QSUB};
+use super::linear::{tier, QuantizeFn};
+use super::QSUB;
 use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel};
 
@@ -138,4 +140,81 @@ pub(super) fn quantize_par(isa: Isa, par: &dyn Parallel, x: &[f32], k: usize, ac
         unsafe { quantize(&x[r.start * k..r.end * k], out.at(r.start * k / QSUB)) }
     };
     run_tasks(par, chunks.len(), &task);
+}
+
+/// x rows quantized per 32-block, `[m, k]` codes and `[m, k/32]` per-block values:
+/// - `q`, `d`, `s`: x ~ d * q (int8 codes, d = max|x| / 127, s = sum of q, kept as an f32, exact as
+///   |s| <= 32 * 127, so that a Q4 kernel's per-block epilogue broadcasts it without a conversion), what
+///   Q4 matrices read;
+/// - plus `q2`, `d_fine`, `s_fine`: the residual's codes, so that x ~ d_fine * (254 * q + q2) with
+///   d_fine = d / 254 (about 15 bits; s_fine = 254 * s + sum of q2), what Q8 matrices read;
+/// - `fine`: 254 * q + q2 as one i16 per value (|.| <= 32385), written by the AVX2 tier only (its Q8
+///   kernel multiplies i16 pairs with `vpmaddwd`, one product per weight instead of two), empty
+///   otherwise.
+#[derive(Default)]
+pub struct QActs {
+    pub q: Vec<i8>,
+    pub q2: Vec<i8>,
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+    pub d_fine: Vec<f32>,
+    pub s_fine: Vec<i32>,
+    pub fine: Vec<i16>,
+}
+
+/// One 32-block's scales and sums (see `QActs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockCodes {
+    pub d: f32,
+    pub s: i32,
+    pub d_fine: f32,
+    pub s_fine: i32,
+}
+
+/// Weight of the coarse codes in the fine representation: x ~ d_fine * (LO * q + q2).
+pub const LO: i32 = 254;
+
+/// One 32-block of activations: the reference every tier matches bit for bit. q = round_ties_even(x *
+/// (127 / max|x|)); the residual r = x - q * d (a plain multiply and subtract) gives q2 =
+/// round_ties_even(r * (254 * 127 / max|x|)), both clamped to [-127, 127]. A block so small that
+/// 127 / max|x| overflows (below ~3.7e-37) is coded as zeros. Non-finite activations (only from
+/// non-finite inputs: weights are checked finite) have no defined codes and may differ between tiers.
+pub fn quantize_block(x: &[f32], q: &mut [i8], q2: &mut [i8]) -> BlockCodes {
+    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let (d, id) = block_scale(amax);
+    let id2 = id * LO as f32;
+    let (mut s, mut s2) = (0, 0);
+    for ((o, o2), &v) in q.iter_mut().zip(q2.iter_mut()).zip(x) {
+        let c = (v * id).round_ties_even().clamp(-127.0, 127.0);
+        let r = v - c * d;
+        let c2 = (r * id2).round_ties_even().clamp(-127.0, 127.0);
+        (*o, *o2) = (c as i8, c2 as i8);
+        s += c as i32;
+        s2 += c2 as i32;
+    }
+    BlockCodes::new(d, s, s2)
+}
+
+/// A block's scale and inverse scale from its max |x|: the rule every tier shares (zeros when
+/// 127 / max|x| is not finite).
+#[inline]
+pub(crate) fn block_scale(amax: f32) -> (f32, f32) {
+    if amax > 0.0 && (127.0 / amax).is_finite() {
+        (amax / 127.0, 127.0 / amax)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+impl BlockCodes {
+    /// From the coarse scale and the sums of the coarse and residual codes.
+    #[inline]
+    pub(crate) fn new(d: f32, s: i32, s2: i32) -> BlockCodes {
+        BlockCodes {
+            d,
+            s,
+            d_fine: d / LO as f32,
+            s_fine: LO * s + s2,
+        }
+    }
 }

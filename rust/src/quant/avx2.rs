@@ -29,8 +29,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx2_unpack::{bytes_f32, f16x16, q4_codes, q4k_scales, q6k_codes};
 use super::kblock::{Layout, SUBS};
-use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, LO, QPANEL, QSUB};
+use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, QActs, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
 /// x rows per register tile: 2 rows x 2 halves of i32 sums and of f32 outputs (Q4K tiles of 4
@@ -135,10 +136,13 @@ pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
     }
 }
 
-/// Prefetches the weights ahead of `blk`: every line of the Q4 block 8 ahead (as the AVX-512 tier),
-/// one line of Q8's longer block 2 ahead. Prefetches past the matrix's end are harmless hints.
+/// Prefetches the weights a few blocks ahead of `blk` (of `bb` bytes), for every tier's Q8 / Q80 / Q4
+/// tiles (measured on Granite 1B-A400M decode steps with the AVX-512 tier, whose experts are 0.3-0.6 MB
+/// matrices read once: every line of the Q4 block 8 ahead, +10-15 % tokens/s over one line 2 ahead;
+/// Q8's longer blocks stream well with one line 2 ahead, and prefetching every line cost 12 %).
+/// Prefetches past the matrix's end are harmless hints. SSE only (the x86-64 baseline).
 #[inline(always)]
-unsafe fn prefetch(f: Format, blk: *const u8, bb: usize) {
+pub(super) unsafe fn prefetch(f: Format, blk: *const u8, bb: usize) {
     match f {
         Format::Q4 => {
             let ahead = blk.wrapping_add(8 * bb);
@@ -150,6 +154,69 @@ unsafe fn prefetch(f: Format, blk: *const u8, bb: usize) {
     }
 }
 
+/// A Q8 / Q80 / Q4 tile's inputs (every x86 tier's): the format, k and 32-blocks per row; panel p's
+/// blocks; row i0's codes (coarse, residual, and this tier's i16 fine ones; rows k apart) and its
+/// per-32 values (`QActs`' d, s, d_fine, s_fine; rows k / 32 apart).
+pub(super) struct BlockTile<'a> {
+    pub f: Format,
+    pub k: usize,
+    pub nsub: usize,
+    bb: usize,
+    nb: usize,
+    base: *const u8,
+    pub xq: *const i8,
+    pub xq2: *const i8,
+    pub xf: *const i16,
+    pub dxs: &'a [f32],
+    pub sxs: &'a [f32],
+    pub dfs: &'a [f32],
+    pub sfs: &'a [i32],
+}
+
+impl<'a> BlockTile<'a> {
+    /// Rows i0.. on panel p of the job's Q8 / Q80 / Q4 matrix.
+    ///
+    /// # Safety
+    /// i0 < m, p a panel of the matrix, and the activations hold the job's m rows.
+    #[inline(always)]
+    pub(super) unsafe fn new(job: &Job<'a>, p: usize, i0: usize) -> BlockTile<'a> {
+        let (w, a): (_, &'a QActs) = (job.w, job.acts);
+        let (f, k) = (w.format, w.k());
+        let (bb, nb, nsub) = (f.block_bytes(), k / f.block(), k / QSUB);
+        let (xq, dxs, sxs) = job.row_codes(i0);
+        BlockTile {
+            f,
+            k,
+            nsub,
+            bb,
+            nb,
+            base: w.data().as_ptr().add(p * nb * bb),
+            xq,
+            xq2: a.q2.as_ptr().add(i0 * k),
+            // Only the AVX2 tier writes the fine codes (empty elsewhere): no pointer arithmetic past them.
+            xf: a.fine.as_ptr().wrapping_add(i0 * k),
+            dxs,
+            sxs,
+            dfs: &a.d_fine[i0 * nsub..],
+            sfs: &a.s_fine[i0 * nsub..],
+        }
+    }
+
+    /// Runs `block(b, bytes)` on the panel's blocks in k order, each after prefetching ahead of it.
+    ///
+    /// # Safety
+    /// As `new`; `block` reads at most a block's bytes.
+    #[inline(always)]
+    pub(super) unsafe fn for_each_block(&self, mut block: impl FnMut(usize, *const u8)) {
+        for b in 0..self.nb {
+            let blk = self.base.add(b * self.bb);
+            prefetch(self.f, blk, self.bb);
+            block(b, blk);
+        }
+    }
+}
+
+/// Four activation codes starting at `p`, broadcast to every i32 lane.
 #[inline(always)]
 pub(super) unsafe fn bx(p: *const i8) -> __m256i {
     _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
@@ -158,36 +225,26 @@ pub(super) unsafe fn bx(p: *const i8) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
 unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
-    let w = job.w;
-    let (f, k) = (w.format, w.k());
-    let (bb, nb, nsub) = (f.block_bytes(), k / f.block(), k / QSUB);
-    let base = w.data().as_ptr().add(p * nb * bb);
-    let a = job.acts;
-    let xq = a.q.as_ptr().add(i0 * k);
-    let xf = a.fine.as_ptr().add(i0 * k);
-    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
-    let (dfs, sfs) = (&a.d_fine[i0 * nsub..], &a.s_fine[i0 * nsub..]);
+    let src = BlockTile::new(job, p, i0);
     let mut y = [[_mm256_setzero_ps(); 2]; M];
     let ones = _mm256_set1_epi16(1);
     // Swaps rows 2, 3 with 4, 5 of eight (its own inverse): the order hadd leaves Q8's sums in.
     let q8_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-    for b in 0..nb {
-        let blk = base.add(b * bb);
-        prefetch(f, blk, bb);
-        match f {
+    src.for_each_block(|b, blk| {
+        match src.f {
             Format::Q8 | Format::Q80 => {
                 // Each 16-byte quarter of a group (4 rows x 4 k) widens to u16 and meets the fine
                 // activation codes in one vpmaddwd: per row two i32 lanes, paired up by hadd into
                 // rows [0, 1, 4, 5 | 2, 3, 6, 7] (and 8 more), the order the scales are put in.
                 let dv = [0, 1].map(|s| {
-                    let d = if f == Format::Q80 {
+                    let d = if src.f == Format::Q80 {
                         _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * s).cast()))
                     } else {
                         _mm256_loadu_ps(blk.add(32 * s).cast())
                     };
                     _mm256_permutevar8x32_ps(d, q8_order)
                 });
-                let (halves, co) = (f.block() / QSUB, f.codes_at());
+                let (halves, co) = (src.f.block() / QSUB, src.f.codes_at());
                 for h in 0..halves {
                     let sb = b * halves + h;
                     let mut acc = [[_mm256_setzero_si256(); 4]; M];
@@ -195,7 +252,7 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                         let at = blk.add(co + h * 512 + g * 64);
                         let mut xv = [_mm256_setzero_si256(); M];
                         for r in 0..M {
-                            let xo = xf.add(r * k + sb * QSUB + g * 4);
+                            let xo = src.xf.add(r * src.k + sb * QSUB + g * 4);
                             xv[r] = _mm256_set1_epi64x(xo.cast::<i64>().read_unaligned());
                         }
                         for q in 0..4 {
@@ -210,8 +267,8 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                         // The codes are stored + 128: sum((c + 128) * fine) - 128 * sum(fine). Every
                         // lane stays within i32: 16 products of at most 255 * 32385 per lane, and the
                         // correction at most 128 * 32 * 32385.
-                        let corr = _mm256_set1_epi32(128 * sfs[r * nsub + sb]);
-                        let dx = _mm256_set1_ps(dfs[r * nsub + sb]);
+                        let corr = _mm256_set1_epi32(128 * src.sfs[r * src.nsub + sb]);
+                        let dx = _mm256_set1_ps(src.dfs[r * src.nsub + sb]);
                         for s in 0..2 {
                             let pair = _mm256_hadd_epi32(acc[r][2 * s], acc[r][2 * s + 1]);
                             let fine = _mm256_sub_epi32(pair, corr);
@@ -233,21 +290,11 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 let mut acc = [[_mm256_setzero_si256(); 2]; M];
                 for g in 0..4 {
                     let c = q4_codes(blk.add(64 + g * 64));
-                    for r in 0..M {
-                        let xr = xq.add(r * k + b * QSUB + g * 8);
-                        let (xa, xb) = (bx(xr), bx(xr.add(4)));
-                        for s in 0..2 {
-                            let pr = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(c[s][0], xa),
-                                _mm256_maddubs_epi16(c[s][1], xb),
-                            );
-                            acc[r][s] = _mm256_add_epi16(acc[r][s], pr);
-                        }
-                    }
+                    add_group::<M, false>(&mut acc, &c, src.xq.add(b * QSUB + g * 8), src.k);
                 }
                 for r in 0..M {
-                    let sx = _mm256_set1_ps(sxs[r * nsub + b]);
-                    let dx = _mm256_set1_ps(dxs[r * nsub + b]);
+                    let sx = _mm256_set1_ps(src.sxs[r * src.nsub + b]);
+                    let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
                     for s in 0..2 {
                         let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][s], ones));
                         let t = _mm256_fmadd_ps(dv[s], dot, _mm256_mul_ps(mv[s], sx));
@@ -256,100 +303,111 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 }
             }
         }
-    }
-    for r in 0..M {
-        if f.is_q8() {
-            y[r] = y[r].map(|v| _mm256_permutevar8x32_ps(v, q8_order));
+    });
+    if src.f.is_q8() {
+        for yr in &mut y {
+            *yr = yr.map(|v| _mm256_permutevar8x32_ps(v, q8_order));
         }
+    }
+    store_halves(job, i0, p, &y);
+}
+
+/// Stores a tile's rows i0.. of panel p, each as two halves of 8 sums (bias added by `store`).
+///
+/// # Safety
+/// As `store`'s, for every row of the tile.
+#[inline(always)]
+pub(super) unsafe fn store_halves<const M: usize>(
+    job: &Job<'_>,
+    i0: usize,
+    p: usize,
+    y: &[[__m256; 2]; M],
+) {
+    for (r, yr) in y.iter().enumerate() {
         let mut sums = [0.0f32; QPANEL];
-        _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
-        _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
+        _mm256_storeu_ps(sums.as_mut_ptr(), yr[0]);
+        _mm256_storeu_ps(sums.as_mut_ptr().add(8), yr[1]);
         store(job, i0 + r, p, &sums);
     }
 }
 
-/// One group of 8 k of a 16-row panel in Q4's layout (64 bytes at `at`): per half panel h (rows 0-7,
-/// 8-15) the low nibbles (k 8g..8g+3) and the high nibbles (k 8g+4..8g+7) as bytes, `[h][nibble]`.
-/// Shared by the Q4 and Q4K tiles and by `avx2_rows`' unpacking.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn q4_codes(at: *const u8) -> [[__m256i; 2]; 2] {
-    let nib = _mm256_set1_epi8(0x0f);
-    [0, 32].map(|o| {
-        let v = _mm256_loadu_si256(at.add(o).cast());
-        [
-            _mm256_and_si256(v, nib),
-            _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib),
-        ]
-    })
-}
-
-/// Group g of the Q6K sub-block whose codes start at `cp`: as `q4_codes`, each byte completed with its
-/// 2 high bits (whole codes 0..=63). Shared by `tile_super` and `avx2_rows`' unpacking.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn q6k_codes(cp: *const u8, g: usize) -> [[__m256i; 2]; 2] {
-    let mut c = q4_codes(cp.add(g * 64));
-    let hp = cp.add(256 + (g / 2) * 64);
-    for (h, ch) in c.iter_mut().enumerate() {
-        let hb = _mm256_loadu_si256(hp.add(32 * h).cast());
-        ch[0] = _mm256_or_si256(ch[0], high_bits(hb, 2 * g));
-        ch[1] = _mm256_or_si256(ch[1], high_bits(hb, 2 * g + 1));
-    }
-    c
-}
-
-/// Q6K's high bits of code vector `v` moved to bits 4-5 of each byte (see the AVX-512 tier).
+/// One group of 8 k into each row's two half-panel sums: per half h, `vpmaddubsw` of its low- and
+/// high-nibble code vectors `c[h]` against the row's 4-k broadcasts at `x + r k` and 4 further, the
+/// two added in i16; then added in i16 (`WIDEN` false: Q4 and Q4K, whose 32-block sums fit) or first
+/// widened to i32 with `vpmaddwd` by ones (Q6K, whose two products fill an i16).
+///
+/// # Safety
+/// x + r k points at 8 readable codes for every r < M; the CPU has AVX2.
 #[inline(always)]
-pub(super) unsafe fn high_bits(hb: __m256i, v: usize) -> __m256i {
-    let m = _mm256_set1_epi8(0x30);
-    match v % 4 {
-        0 => _mm256_and_si256(_mm256_slli_epi16::<4>(hb), m),
-        1 => _mm256_and_si256(_mm256_slli_epi16::<2>(hb), m),
-        2 => _mm256_and_si256(hb, m),
-        _ => _mm256_and_si256(_mm256_srli_epi16::<2>(hb), m),
+#[allow(clippy::needless_range_loop)] // acc[r] is a register tile indexed by a constant bound
+pub(super) unsafe fn add_group<const M: usize, const WIDEN: bool>(
+    acc: &mut [[__m256i; 2]; M],
+    c: &[[__m256i; 2]; 2],
+    x: *const i8,
+    k: usize,
+) {
+    for r in 0..M {
+        let xr = x.add(r * k);
+        let (xa, xb) = (bx(xr), bx(xr.add(4)));
+        for h in 0..2 {
+            let pr = _mm256_add_epi16(
+                _mm256_maddubs_epi16(c[h][0], xa),
+                _mm256_maddubs_epi16(c[h][1], xb),
+            );
+            acc[r][h] = if WIDEN {
+                _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, _mm256_set1_epi16(1)))
+            } else {
+                _mm256_add_epi16(acc[r][h], pr)
+            };
+        }
     }
 }
 
-/// Sixteen bytes (one per row) to two vectors of 8 f32s, unsigned or signed.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn bytes_f32(v: __m128i, signed: bool) -> [__m256; 2] {
-    let hi = _mm_srli_si128::<8>(v);
-    if signed {
-        [
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
-        ]
-    } else {
-        [
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
-            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
-        ]
+/// Q6K's step for one row and sub-block: per half, `y += ds * ((f32(dot) - 32 sx) * dx)` (dot - 32
+/// sum(q) is exact in f32: integers below 2^24).
+#[inline(always)]
+pub(super) unsafe fn q6k_step(
+    y: &mut [__m256; 2],
+    dot: &[__m256i; 2],
+    ds: [__m256; 2],
+    dx: f32,
+    sx: f32,
+) {
+    let (sx, dx) = (_mm256_set1_ps(sx), _mm256_set1_ps(dx));
+    for h in 0..2 {
+        let c = _mm256_sub_ps(
+            _mm256_cvtepi32_ps(dot[h]),
+            _mm256_mul_ps(_mm256_set1_ps(32.0), sx),
+        );
+        y[h] = _mm256_fmadd_ps(ds[h], _mm256_mul_ps(c, dx), y[h]);
     }
+}
+
+/// Q4K's step for one row and sub-block (see `tile_q4k`), per half h: `ya += f32(madd(acc, sc)) * dx`,
+/// `y -= (dmin * mc) * (sum(q) * dx)`.
+#[inline(always)]
+pub(super) unsafe fn q4k_step(
+    ya: &mut __m256,
+    y: &mut __m256,
+    acc: __m256i,
+    scp: __m256i,
+    dm: __m256,
+    (dxv, cv): (__m256, __m256),
+) {
+    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc, scp));
+    *ya = _mm256_fmadd_ps(dot, dxv, *ya);
+    *y = _mm256_fnmadd_ps(dm, cv, *y);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
 unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
-    let w = job.w;
-    let (f, k) = (w.format, w.k());
-    let (lay, nsub) = (Layout::new(f, k), k / QSUB);
-    let full = f.block_bytes();
-    let a = job.acts;
-    let xq = a.q.as_ptr().add(i0 * k);
-    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+    let (xq, dxs, sxs) = job.row_codes(i0);
+    let (f, k) = (job.w.format, job.w.k());
+    let (nsub, full) = (k / QSUB, f.block_bytes());
     let mut y = [[_mm256_setzero_ps(); 2]; M];
-    let ones = _mm256_set1_epi16(1);
-    let half = |at: *const u8| [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())));
-    for b in 0..lay.blocks() {
-        let t = lay.subs(b);
-        let blk = w.data().as_ptr().add(lay.at(p, b));
-        // The next super-block's header (its scales), one super-block ahead; harmless past the end.
-        for line in 0..4 {
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
-        }
-        let dv = half(blk);
+    for_each_super(job, p, |b, t, blk| {
+        let dv = f16x16(blk);
         for s in 0..t {
             let sb = b * SUBS + s;
             let cp = blk.add(Layout::codes_at(f, t, s));
@@ -364,35 +422,33 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
             let mut acc = [[_mm256_setzero_si256(); 2]; M];
             for g in 0..4 {
                 let c = q6k_codes(cp, g);
-                for r in 0..M {
-                    let xr = xq.add(r * k + sb * QSUB + g * 8);
-                    let (xa, xb) = (bx(xr), bx(xr.add(4)));
-                    for h in 0..2 {
-                        let pr = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(c[h][0], xa),
-                            _mm256_maddubs_epi16(c[h][1], xb),
-                        );
-                        acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, ones));
-                    }
-                }
+                add_group::<M, true>(&mut acc, &c, xq.add(sb * QSUB + g * 8), k);
             }
             for r in 0..M {
-                let sx = _mm256_set1_ps(sxs[r * nsub + sb]);
-                let dx = _mm256_set1_ps(dxs[r * nsub + sb]);
-                for h in 0..2 {
-                    // dot - 32 sum(q) is exact in f32 (integers below 2^24).
-                    let dot = _mm256_cvtepi32_ps(acc[r][h]);
-                    let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
-                    y[r][h] = _mm256_fmadd_ps(ds[h], _mm256_mul_ps(c, dx), y[r][h]);
-                }
+                let (dx, sx) = (dxs[r * nsub + sb], sxs[r * nsub + sb]);
+                q6k_step(&mut y[r], &acc[r], ds, dx, sx);
             }
         }
-    }
-    for r in 0..M {
-        let mut sums = [0.0f32; QPANEL];
-        _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
-        _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
-        store(job, i0 + r, p, &sums);
+    });
+    store_halves(job, i0, p, &y);
+}
+
+/// Runs `block(b, t, bytes)` on panel p's super-blocks in k order (t: its sub-blocks), each after
+/// prefetching the next super-block's header (its scales, one super-block ahead; harmless past the end).
+///
+/// # Safety
+/// p is a panel of the job's Q4K or Q6K matrix; `block` reads at most the super-block's bytes.
+#[inline(always)]
+unsafe fn for_each_super(job: &Job<'_>, p: usize, mut block: impl FnMut(usize, usize, *const u8)) {
+    let (w, f) = (job.w, job.w.format);
+    let (lay, full) = (Layout::new(f, w.k()), f.block_bytes());
+    for b in 0..lay.blocks() {
+        let t = lay.subs(b);
+        let blk = w.data().as_ptr().add(lay.at(p, b));
+        for line in 0..4 {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
+        }
+        block(b, t, blk);
     }
 }
 
@@ -403,21 +459,11 @@ unsafe fn tile_super<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
 unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
-    let w = job.w;
-    let (f, k) = (w.format, w.k());
-    let (lay, nsub) = (Layout::new(f, k), k / QSUB);
-    let full = f.block_bytes();
-    let a = job.acts;
-    let xq = a.q.as_ptr().add(i0 * k);
-    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
+    let (xq, dxs, sxs) = job.row_codes(i0);
+    let (f, k) = (job.w.format, job.w.k());
+    let (nsub, full) = (k / QSUB, f.block_bytes());
     let mut y = [[_mm256_setzero_ps(); 2]; M];
-    for b in 0..lay.blocks() {
-        let t = lay.subs(b);
-        let blk = w.data().as_ptr().add(lay.at(p, b));
-        // The next super-block's header (its scales), one super-block ahead; harmless past the end.
-        for line in 0..4 {
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(full + line * 64).cast());
-        }
+    for_each_super(job, p, |b, t, blk| {
         let (dv, mv) = (f16x16(blk), f16x16(blk.add(32)));
         let mut ya = [[_mm256_setzero_ps(); 2]; M];
         for s in 0..t {
@@ -430,25 +476,12 @@ unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
             let mut acc = [[_mm256_setzero_si256(); 2]; M];
             for g in 0..4 {
                 let c = q4_codes(cp.add(g * 64));
-                for r in 0..M {
-                    let xr = xq.add(r * k + sb * QSUB + g * 8);
-                    let (xa, xb) = (bx(xr), bx(xr.add(4)));
-                    for h in 0..2 {
-                        let pr = _mm256_add_epi16(
-                            _mm256_maddubs_epi16(c[h][0], xa),
-                            _mm256_maddubs_epi16(c[h][1], xb),
-                        );
-                        acc[r][h] = _mm256_add_epi16(acc[r][h], pr);
-                    }
-                }
+                add_group::<M, false>(&mut acc, &c, xq.add(sb * QSUB + g * 8), k);
             }
             for r in 0..M {
-                let dx = dxs[r * nsub + sb];
-                let (dxv, cv) = (_mm256_set1_ps(dx), _mm256_set1_ps(sxs[r * nsub + sb] * dx));
+                let scale = dx_sx(dxs[r * nsub + sb], sxs[r * nsub + sb]);
                 for h in 0..2 {
-                    let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][h], scp[h]));
-                    ya[r][h] = _mm256_fmadd_ps(dot, dxv, ya[r][h]);
-                    y[r][h] = _mm256_fnmadd_ps(dm[h], cv, y[r][h]);
+                    q4k_step(&mut ya[r][h], &mut y[r][h], acc[r][h], scp[h], dm[h], scale);
                 }
             }
         }
@@ -457,67 +490,14 @@ unsafe fn tile_q4k<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                 y[r][h] = _mm256_fmadd_ps(dv[h], ya[r][h], y[r][h]);
             }
         }
-    }
-    for r in 0..M {
-        let mut sums = [0.0f32; QPANEL];
-        _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
-        _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
-        store(job, i0 + r, p, &sums);
-    }
+    });
+    store_halves(job, i0, p, &y);
 }
 
-/// Sixteen f16s at `at` as two vectors of 8 f32s (rows 0-7, 8-15).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn f16x16(at: *const u8) -> [__m256; 2] {
-    [0, 16].map(|o| _mm256_cvtph_ps(_mm_loadu_si128(at.add(o).cast())))
-}
-
-/// Q4K sub-block `s` (of `t`) of the super-block at `blk`: its 16 rows' 6-bit scales and mins as bytes, the
-/// 12-bit packing of `kblock.rs` undone. SSE2 only (the x86-64 baseline), so every tier calls it.
-#[inline]
-pub(super) unsafe fn q4k_scale_bytes(blk: *const u8, t: usize, s: usize) -> (__m128i, __m128i) {
-    let (n4, n3, n12) = (
-        _mm_set1_epi8(0x0f),
-        _mm_set1_epi8(0x03),
-        _mm_set1_epi8(0x0c),
-    );
-    let lo = _mm_loadu_si128(blk.add(64 + 16 * s).cast());
-    let mut hi = _mm_loadu_si128(blk.add(64 + 16 * t + 16 * (s / 2)).cast());
-    if s % 2 == 1 {
-        hi = _mm_srli_epi16::<4>(hi);
-    }
-    let sc = _mm_or_si128(
-        _mm_and_si128(lo, n4),
-        _mm_slli_epi16::<4>(_mm_and_si128(hi, n3)),
-    );
-    let mc = _mm_or_si128(
-        _mm_and_si128(_mm_srli_epi16::<4>(lo), n4),
-        _mm_slli_epi16::<2>(_mm_and_si128(hi, n12)),
-    );
-    (sc, mc)
-}
-
-/// Q4K sub-block `s` (of `t`) of the super-block at `blk`: each row's 6-bit scale in both i16 halves
-/// of its lane (rows 0-7, rows 8-15), for `vpmaddwd`; and `dmin * mc` per row as f32 (`mv` = dmin).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(super) unsafe fn q4k_scales(
-    blk: *const u8,
-    t: usize,
-    s: usize,
-    mv: [__m256; 2],
-) -> ([__m256i; 2], [__m256; 2]) {
-    let (sc, mc) = q4k_scale_bytes(blk, t, s);
-    let scp = [
-        _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc, sc)),
-        _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sc, sc)),
-    ];
-    let mcf = bytes_f32(mc, false);
-    (
-        scp,
-        [_mm256_mul_ps(mv[0], mcf[0]), _mm256_mul_ps(mv[1], mcf[1])],
-    )
+/// A row's Q4K activation factors for `q4k_step`: dx and sum(q) * dx, broadcast.
+#[inline(always)]
+pub(super) unsafe fn dx_sx(dx: f32, sx: f32) -> (__m256, __m256) {
+    (_mm256_set1_ps(dx), _mm256_set1_ps(sx * dx))
 }
 
 /// # Safety
@@ -532,19 +512,13 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
     if sup && job.m >= super::avx2_rows::MIN_ROWS {
         return super::avx2_rows::panels(job, panels);
     }
-    for p in panels {
-        let mut i0 = 0;
-        while i0 < job.m {
-            let m = (job.m - i0).min(MR);
-            match (m, sup, q4k) {
-                (1, _, true) => tile_q4k::<1>(job, p, i0),
-                (_, _, true) => tile_q4k::<2>(job, p, i0),
-                (1, false, _) => tile::<1>(job, p, i0),
-                (_, false, _) => tile::<2>(job, p, i0),
-                (1, true, _) => tile_super::<1>(job, p, i0),
-                (_, true, _) => tile_super::<2>(job, p, i0),
-            }
-            i0 += m;
-        }
-    }
+    // SAFETY (the tiles): the caller's contract; each tile's rows and panel are the job's.
+    job.for_each_tile(panels, MR, |p, i0, m| match (m, sup, q4k) {
+        (1, _, true) => tile_q4k::<1>(job, p, i0),
+        (_, _, true) => tile_q4k::<2>(job, p, i0),
+        (1, false, _) => tile::<1>(job, p, i0),
+        (_, false, _) => tile::<2>(job, p, i0),
+        (1, true, _) => tile_super::<1>(job, p, i0),
+        (_, true, _) => tile_super::<2>(job, p, i0),
+    });
 }

@@ -25,7 +25,8 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 use std::ops::Range;
 
-use super::avx2::{bytes_f32, f16x16, q4_codes, q4k_scales, q6k_codes};
+use super::avx2::{add_group, bx, dx_sx, q4k_step, q6k_step};
+use super::avx2_unpack::{bytes_f32, f16x16, q4_codes, q4k_scales, q6k_codes};
 use super::kblock::{Layout, SUBS};
 use super::{store, Format, Job, QPANEL, QSUB};
 use crate::scratch::with_scratch;
@@ -77,11 +78,6 @@ unsafe fn unpack(blk: *const u8, t: usize, u: *mut u8) {
     }
 }
 
-#[inline(always)]
-pub(super) unsafe fn bx(p: *const i8) -> __m256i {
-    _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
-}
-
 /// Row i0's activations: k, sub-blocks per row, its int8 codes, and its per-32 scales and code sums.
 #[inline(always)]
 pub(super) unsafe fn row_acts(
@@ -113,12 +109,11 @@ pub(super) unsafe fn load_y<const M: usize, const Q: usize>(yacc: *const f32) ->
 #[allow(clippy::needless_range_loop)] // y[r], ya[r], acc[r] are register tiles indexed by a constant bound
 unsafe fn rows<const M: usize, const Q: usize>(
     job: &Job<'_>,
-    u: *const u8,
-    t: usize,
-    sb0: usize,
+    at: SuperAt,
     i0: usize,
     yacc: *mut f32,
 ) {
+    let SuperAt { u, t, sb0 } = at;
     let (k, nsub, xq, dxs, sxs) = row_acts(job, i0);
     // Half panel q's unpacked super-block and its offset within a sub-block's groups.
     let half = |q: usize| (u.add((q / 2) * SUPER_BYTES), q % 2);
@@ -144,19 +139,13 @@ unsafe fn rows<const M: usize, const Q: usize>(
             }
         }
         for r in 0..M {
-            let dx = *dxs.add(r * nsub + sb);
-            let (dxv, cv) = (
-                _mm256_set1_ps(dx),
-                _mm256_set1_ps(*sxs.add(r * nsub + sb) * dx),
-            );
+            let scale = dx_sx(*dxs.add(r * nsub + sb), *sxs.add(r * nsub + sb));
             for q in 0..Q {
                 let (up, h) = half(q);
                 let o = up.add(64 + s * SUB_BYTES);
                 let scp = _mm256_load_si256(o.add(32 * h).cast());
                 let dm = _mm256_load_ps(o.add(64 + 32 * h).cast());
-                let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][q], scp));
-                ya[r][q] = _mm256_fmadd_ps(dot, dxv, ya[r][q]);
-                y[r][q] = _mm256_fnmadd_ps(dm, cv, y[r][q]);
+                q4k_step(&mut ya[r][q], &mut y[r][q], acc[r][q], scp, dm, scale);
             }
         }
     }
@@ -172,27 +161,20 @@ unsafe fn rows<const M: usize, const Q: usize>(
 
 /// Q4K: rows i0.. of panels (P = 1 or 2) against the unpacked super-block at `u`; returns the rows done.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4k_tile<const P: usize>(
-    job: &Job<'_>,
-    u: *const u8,
-    t: usize,
-    sb0: usize,
-    i0: usize,
-    yr: *mut f32,
-) -> usize {
+unsafe fn q4k_tile<const P: usize>(job: &Job<'_>, at: SuperAt, i0: usize, yr: *mut f32) -> usize {
     let left = job.m - i0;
     if P == 2 {
         match left {
-            1 => rows::<1, 4>(job, u, t, sb0, i0, yr),
-            _ => rows::<2, 4>(job, u, t, sb0, i0, yr),
+            1 => rows::<1, 4>(job, at, i0, yr),
+            _ => rows::<2, 4>(job, at, i0, yr),
         }
         left.min(2)
     } else {
         match left {
-            1 => rows::<1, 2>(job, u, t, sb0, i0, yr),
-            2 => rows::<2, 2>(job, u, t, sb0, i0, yr),
-            3 => rows::<3, 2>(job, u, t, sb0, i0, yr),
-            _ => rows::<4, 2>(job, u, t, sb0, i0, yr),
+            1 => rows::<1, 2>(job, at, i0, yr),
+            2 => rows::<2, 2>(job, at, i0, yr),
+            3 => rows::<3, 2>(job, at, i0, yr),
+            _ => rows::<4, 2>(job, at, i0, yr),
         }
         left.min(MR)
     }
@@ -200,8 +182,17 @@ unsafe fn q4k_tile<const P: usize>(
 
 /// Unpacks a super-block (`blk`, its sub-block count, the 32-byte aligned destination).
 pub(super) type UnpackFn = unsafe fn(*const u8, usize, *mut u8);
-/// A row tile: `tile(job, u, t, sb0, i0, yacc)` takes rows i0.. and returns how many it did.
-pub(super) type TileFn = unsafe fn(&Job<'_>, *const u8, usize, usize, usize, *mut f32) -> usize;
+/// A row tile: `tile(job, at, i0, yacc)` takes rows i0.. and returns how many it did.
+pub(super) type TileFn = unsafe fn(&Job<'_>, SuperAt, usize, *mut f32) -> usize;
+
+/// The super-block a row tile reads: its unpacked bytes (`u`), its sub-blocks (`t`), and the index of
+/// its first sub-block within a row (`sb0`).
+#[derive(Clone, Copy)]
+pub(super) struct SuperAt {
+    u: *const u8,
+    t: usize,
+    sb0: usize,
+}
 
 /// What a format's path is made of: its unpacked super-block's size, the unpacking, and the row tiles.
 struct Path {
@@ -257,7 +248,12 @@ unsafe fn drive<const P: usize>(job: &Job<'_>, p0: usize, path: &Path) {
             }
             let mut i0 = 0;
             while i0 < m {
-                i0 += (path.tile)(job, u, t, b * SUBS, i0, ya.add(i0 * stride));
+                let at = SuperAt {
+                    u,
+                    t,
+                    sb0: b * SUBS,
+                };
+                i0 += (path.tile)(job, at, i0, ya.add(i0 * stride));
             }
         }
         for i in 0..m {
@@ -355,45 +351,26 @@ unsafe fn unpack_q6k(blk: *const u8, t: usize, u: *mut u8) {
 /// sum(q)) * dx)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // y[r], acc[r] are register tiles indexed by a constant bound
-unsafe fn rows_q6k<const M: usize>(
-    job: &Job<'_>,
-    u: *const u8,
-    t: usize,
-    sb0: usize,
-    i0: usize,
-    yacc: *mut f32,
-) {
+unsafe fn rows_q6k<const M: usize>(job: &Job<'_>, at: SuperAt, i0: usize, yacc: *mut f32) {
+    let SuperAt { u, t, sb0 } = at;
     let (k, nsub, xq, dxs, sxs) = row_acts(job, i0);
-    let ones = _mm256_set1_epi16(1);
     let mut y = load_y::<M, 2>(yacc);
     for s in 0..t {
         let sb = sb0 + s;
         let o = u.add(s * Q6_SUB_BYTES);
         let mut acc = [[_mm256_setzero_si256(); 2]; M];
         for g in 0..4 {
+            // Half h's two code vectors, as `q6k_codes` gives them.
             let at = o.add(64 + g * 128);
-            let w: [__m256i; 4] = std::array::from_fn(|i| _mm256_load_si256(at.add(32 * i).cast()));
-            for r in 0..M {
-                let xr = xq.add(r * k + sb * QSUB + g * 8);
-                let (xa, xb) = (bx(xr), bx(xr.add(4)));
-                for h in 0..2 {
-                    let pr = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(w[2 * h], xa),
-                        _mm256_maddubs_epi16(w[2 * h + 1], xb),
-                    );
-                    acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(pr, ones));
-                }
-            }
+            let w: [[__m256i; 2]; 2] = std::array::from_fn(|h| {
+                std::array::from_fn(|c| _mm256_load_si256(at.add(64 * h + 32 * c).cast()))
+            });
+            add_group::<M, true>(&mut acc, &w, xq.add(sb * QSUB + g * 8), k);
         }
+        let ds = [0, 32].map(|h| _mm256_load_ps(o.add(h).cast()));
         for r in 0..M {
-            let sx = _mm256_set1_ps(*sxs.add(r * nsub + sb));
-            let dx = _mm256_set1_ps(*dxs.add(r * nsub + sb));
-            for h in 0..2 {
-                let ds = _mm256_load_ps(o.add(32 * h).cast());
-                let dot = _mm256_cvtepi32_ps(acc[r][h]);
-                let c = _mm256_sub_ps(dot, _mm256_mul_ps(_mm256_set1_ps(32.0), sx));
-                y[r][h] = _mm256_fmadd_ps(ds, _mm256_mul_ps(c, dx), y[r][h]);
-            }
+            let (dx, sx) = (*dxs.add(r * nsub + sb), *sxs.add(r * nsub + sb));
+            q6k_step(&mut y[r], &acc[r], ds, dx, sx);
         }
     }
     for r in 0..M {
@@ -404,19 +381,12 @@ unsafe fn rows_q6k<const M: usize>(
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6k_tile(
-    job: &Job<'_>,
-    u: *const u8,
-    t: usize,
-    sb0: usize,
-    i0: usize,
-    yr: *mut f32,
-) -> usize {
+unsafe fn q6k_tile(job: &Job<'_>, at: SuperAt, i0: usize, yr: *mut f32) -> usize {
     let left = job.m - i0;
     match left {
-        1 => rows_q6k::<1>(job, u, t, sb0, i0, yr),
-        2 => rows_q6k::<2>(job, u, t, sb0, i0, yr),
-        _ => rows_q6k::<3>(job, u, t, sb0, i0, yr),
+        1 => rows_q6k::<1>(job, at, i0, yr),
+        2 => rows_q6k::<2>(job, at, i0, yr),
+        _ => rows_q6k::<3>(job, at, i0, yr),
     }
     left.min(3)
 }

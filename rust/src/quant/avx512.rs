@@ -14,6 +14,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx2::BlockTile;
 use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
@@ -75,53 +76,27 @@ pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
     }
 }
 
-/// Prefetches the weights a few blocks ahead of `blk` (measured on Granite 1B-A400M decode steps, whose
-/// experts are 0.3-0.6 MB matrices read once: every line of the Q4 block 8 ahead, +10-15 % tokens/s
-/// over one line 2 ahead; Q8's longer blocks stream well with one line 2 ahead, and prefetching
-/// every line cost 12 %). Prefetches past the matrix's end are harmless hints.
-#[inline(always)]
-unsafe fn prefetch(f: Format, blk: *const u8, bb: usize) {
-    match f {
-        Format::Q4 => {
-            let ahead = blk.wrapping_add(8 * bb);
-            for line in 0..bb.div_ceil(64) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64).cast());
-            }
-        }
-        _ => _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast()),
-    }
-}
-
 /// Four activation codes starting at `p`, broadcast to every lane.
 #[inline(always)]
-unsafe fn bx(p: *const i8) -> __m512i {
+pub(super) unsafe fn bx(p: *const i8) -> __m512i {
     _mm512_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
 #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
 unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
-    let w = job.w;
-    let (f, k) = (w.format, w.k());
-    let (bb, nb, nsub) = (f.block_bytes(), k / f.block(), k / QSUB);
-    let base = w.data().as_ptr().add(p * nb * bb);
-    let a = job.acts;
-    let (xq, xq2) = (a.q.as_ptr().add(i0 * k), a.q2.as_ptr().add(i0 * k));
-    let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
-    let (dfs, sfs) = (&a.d_fine[i0 * nsub..], &a.s_fine[i0 * nsub..]);
+    let src = BlockTile::new(job, p, i0);
     let mut y = [_mm512_setzero_ps(); M];
     let nib = _mm512_set1_epi8(0x0f);
-    for b in 0..nb {
-        let blk = base.add(b * bb);
-        prefetch(f, blk, bb);
-        match f {
+    src.for_each_block(|b, blk| {
+        match src.f {
             Format::Q8 | Format::Q80 => {
-                let dv = if f == Format::Q80 {
+                let dv = if src.f == Format::Q80 {
                     _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()))
                 } else {
                     _mm512_loadu_ps(blk.cast())
                 };
-                let (halves, co) = (f.block() / QSUB, f.codes_at());
+                let (halves, co) = (src.f.block() / QSUB, src.f.codes_at());
                 for h in 0..halves {
                     let sb = b * halves + h;
                     let mut acc = [_mm512_setzero_si512(); M];
@@ -129,9 +104,9 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     for g in 0..8 {
                         let wv = _mm512_loadu_si512(blk.add(co + h * 512 + g * 64).cast());
                         for r in 0..M {
-                            let at = r * k + sb * QSUB + g * 4;
-                            acc[r] = _mm512_dpbusd_epi32(acc[r], wv, bx(xq.add(at)));
-                            acc2[r] = _mm512_dpbusd_epi32(acc2[r], wv, bx(xq2.add(at)));
+                            let at = r * src.k + sb * QSUB + g * 4;
+                            acc[r] = _mm512_dpbusd_epi32(acc[r], wv, bx(src.xq.add(at)));
+                            acc2[r] = _mm512_dpbusd_epi32(acc2[r], wv, bx(src.xq2.add(at)));
                         }
                     }
                     for r in 0..M {
@@ -140,9 +115,9 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                             _mm512_mullo_epi32(acc[r], _mm512_set1_epi32(LO)),
                             acc2[r],
                         );
-                        let fix = _mm512_set1_epi32(128 * sfs[r * nsub + sb]);
+                        let fix = _mm512_set1_epi32(128 * src.sfs[r * src.nsub + sb]);
                         let dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(fine, fix));
-                        let t = _mm512_mul_ps(dot, _mm512_set1_ps(dfs[r * nsub + sb]));
+                        let t = _mm512_mul_ps(dot, _mm512_set1_ps(src.dfs[r * src.nsub + sb]));
                         y[r] = _mm512_fmadd_ps(dv, t, y[r]);
                     }
                 }
@@ -159,20 +134,20 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     let lo = _mm512_and_si512(wv, nib);
                     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), nib);
                     for r in 0..M {
-                        let xr = xq.add(r * k + b * QSUB + g * 8);
+                        let xr = src.xq.add(r * src.k + b * QSUB + g * 8);
                         acc[r] = _mm512_dpbusd_epi32(acc[r], lo, bx(xr));
                         acc2[r] = _mm512_dpbusd_epi32(acc2[r], hi, bx(xr.add(4)));
                     }
                 }
                 for r in 0..M {
-                    let sx = _mm512_set1_ps(sxs[r * nsub + b]);
+                    let sx = _mm512_set1_ps(src.sxs[r * src.nsub + b]);
                     let dot = _mm512_add_epi32(acc[r], acc2[r]);
                     let t = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, sx));
-                    y[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(dxs[r * nsub + b]), y[r]);
+                    y[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(src.dxs[r * src.nsub + b]), y[r]);
                 }
             }
         }
-    }
+    });
     for r in 0..M {
         let mut sums = [0.0f32; QPANEL];
         _mm512_storeu_ps(sums.as_mut_ptr(), y[r]);
@@ -184,26 +159,15 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
 /// The CPU supports the tier; `job` satisfies `quant_linear`'s contract; no other thread writes the
 /// columns of `panels`.
 pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
-    for p in panels {
-        let mut i0 = 0;
-        while i0 < job.m {
-            let m = (job.m - i0).min(MR);
-            macro_rules! run {
-                ($m:literal) => {
-                    tile::<$m>(job, p, i0)
-                };
-            }
-            match m {
-                1 => run!(1),
-                2 => run!(2),
-                3 => run!(3),
-                4 => run!(4),
-                5 => run!(5),
-                6 => run!(6),
-                7 => run!(7),
-                _ => run!(8),
-            }
-            i0 += m;
-        }
-    }
+    // SAFETY (the tiles): the caller's contract; each tile's rows and panel are the job's.
+    job.for_each_tile(panels, MR, |p, i0, m| match m {
+        1 => tile::<1>(job, p, i0),
+        2 => tile::<2>(job, p, i0),
+        3 => tile::<3>(job, p, i0),
+        4 => tile::<4>(job, p, i0),
+        5 => tile::<5>(job, p, i0),
+        6 => tile::<6>(job, p, i0),
+        7 => tile::<7>(job, p, i0),
+        _ => tile::<8>(job, p, i0),
+    });
 }

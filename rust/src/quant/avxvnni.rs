@@ -46,17 +46,12 @@ macro_rules! vnni_kernels {
         use std::arch::x86_64::*;
         use std::ops::Range;
 
-        use crate::quant::avx2::f16x16;
-        use crate::quant::{store, Format, Job, LO, QPANEL, QSUB};
+        use crate::quant::avx2::{bx, store_halves, BlockTile};
+        use crate::quant::avx2_unpack::f16x16;
+        use crate::quant::{Format, Job, LO, QSUB};
 
         /// x rows per register tile: 2 rows x 2 halves x 2 i32 chains, and 2 x 2 f32 outputs.
         const MR: usize = 2;
-
-        /// Four activation codes starting at `p`, broadcast to every lane.
-        #[inline(always)]
-        unsafe fn bx(p: *const i8) -> __m256i {
-            _mm256_set1_epi32(p.cast::<i32>().read_unaligned())
-        }
 
         /// The two halves (rows 0-7, 8-15) of 32 bytes at `at`.
         #[inline(always)]
@@ -70,36 +65,19 @@ macro_rules! vnni_kernels {
         #[target_feature(enable = $features)]
         #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
         unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
-            let w = job.w;
-            let (f, k) = (w.format, w.k());
-            let (bb, nb, nsub) = (f.block_bytes(), k / f.block(), k / QSUB);
-            let base = w.data().as_ptr().add(p * nb * bb);
-            let a = job.acts;
-            let (xq, xq2) = (a.q.as_ptr().add(i0 * k), a.q2.as_ptr().add(i0 * k));
-            let (dxs, sxs) = (&a.d[i0 * nsub..], &a.s[i0 * nsub..]);
-            let (dfs, sfs) = (&a.d_fine[i0 * nsub..], &a.s_fine[i0 * nsub..]);
+            let src = BlockTile::new(job, p, i0);
             let mut y = [[_mm256_setzero_ps(); 2]; M];
             let nib = _mm256_set1_epi8(0x0f);
-            for b in 0..nb {
-                let blk = base.add(b * bb);
-                // Every line of the block 8 ahead for Q4, one line 2 ahead for Q8 (as the AVX-512
-                // tier, measured there); hints past the end are harmless.
-                if f == Format::Q4 {
-                    for line in 0..bb.div_ceil(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(8 * bb + line * 64).cast());
-                    }
-                } else {
-                    _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast());
-                }
-                if f.is_q8() {
+            src.for_each_block(|b, blk| {
+                if src.f.is_q8() {
                     let dv = [0, 1].map(|s| {
-                        if f == Format::Q80 {
+                        if src.f == Format::Q80 {
                             _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * s).cast()))
                         } else {
                             _mm256_loadu_ps(blk.add(32 * s).cast())
                         }
                     });
-                    let (parts, co) = (f.block() / QSUB, f.codes_at());
+                    let (parts, co) = (src.f.block() / QSUB, src.f.codes_at());
                     for h in 0..parts {
                         let sb = b * parts + h;
                         let mut acc = [[_mm256_setzero_si256(); 2]; M];
@@ -107,8 +85,8 @@ macro_rules! vnni_kernels {
                         for g in 0..8 {
                             let wv = halves(blk.add(co + h * 512 + g * 64));
                             for r in 0..M {
-                                let at = r * k + sb * QSUB + g * 4;
-                                let (xv, xv2) = (bx(xq.add(at)), bx(xq2.add(at)));
+                                let at = r * src.k + sb * QSUB + g * 4;
+                                let (xv, xv2) = (bx(src.xq.add(at)), bx(src.xq2.add(at)));
                                 for s in 0..2 {
                                     acc[r][s] = $dp(acc[r][s], wv[s], xv);
                                     acc2[r][s] = $dp(acc2[r][s], wv[s], xv2);
@@ -117,8 +95,8 @@ macro_rules! vnni_kernels {
                         }
                         for r in 0..M {
                             // 254 * (dot + 128 s) + (dot2 + 128 s2) - 128 * (254 s + s2): exact in i32.
-                            let fix = _mm256_set1_epi32(128 * sfs[r * nsub + sb]);
-                            let dx = _mm256_set1_ps(dfs[r * nsub + sb]);
+                            let fix = _mm256_set1_epi32(128 * src.sfs[r * src.nsub + sb]);
+                            let dx = _mm256_set1_ps(src.dfs[r * src.nsub + sb]);
                             for s in 0..2 {
                                 let fine = _mm256_add_epi32(
                                     _mm256_mullo_epi32(acc[r][s], _mm256_set1_epi32(LO)),
@@ -139,7 +117,7 @@ macro_rules! vnni_kernels {
                         let lo = v.map(|v| _mm256_and_si256(v, nib));
                         let hi = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
                         for r in 0..M {
-                            let xr = xq.add(r * k + b * QSUB + g * 8);
+                            let xr = src.xq.add(r * src.k + b * QSUB + g * 8);
                             let (xa, xb) = (bx(xr), bx(xr.add(4)));
                             for s in 0..2 {
                                 acc[r][s] = $dp(acc[r][s], lo[s], xa);
@@ -148,8 +126,8 @@ macro_rules! vnni_kernels {
                         }
                     }
                     for r in 0..M {
-                        let sx = _mm256_set1_ps(sxs[r * nsub + b]);
-                        let dx = _mm256_set1_ps(dxs[r * nsub + b]);
+                        let sx = _mm256_set1_ps(src.sxs[r * src.nsub + b]);
+                        let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
                         for s in 0..2 {
                             let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[r][s], acc2[r][s]));
                             let t = _mm256_fmadd_ps(dv[s], dot, _mm256_mul_ps(mv[s], sx));
@@ -157,30 +135,19 @@ macro_rules! vnni_kernels {
                         }
                     }
                 }
-            }
-            for r in 0..M {
-                let mut sums = [0.0f32; QPANEL];
-                _mm256_storeu_ps(sums.as_mut_ptr(), y[r][0]);
-                _mm256_storeu_ps(sums.as_mut_ptr().add(8), y[r][1]);
-                store(job, i0 + r, p, &sums);
-            }
+            });
+            store_halves(job, i0, p, &y);
         }
 
         /// # Safety
         /// The CPU has `$features`; `job` satisfies `quant_linear`'s contract; no other thread
         /// writes the columns of `panels`.
         pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
-            for p in panels {
-                let mut i0 = 0;
-                while i0 < job.m {
-                    let m = (job.m - i0).min(MR);
-                    match m {
-                        1 => tile::<1>(job, p, i0),
-                        _ => tile::<2>(job, p, i0),
-                    }
-                    i0 += m;
-                }
-            }
+            // SAFETY (the tiles): the caller's contract; each tile's rows and panel are the job's.
+            job.for_each_tile(panels, MR, |p, i0, m| match m {
+                1 => tile::<1>(job, p, i0),
+                _ => tile::<2>(job, p, i0),
+            });
         }
     };
 }

@@ -45,10 +45,44 @@ pub(crate) fn fit_q4k(
     let smax = scale[..t].iter().fold(0.0f32, |a, &v| a.max(v));
     let mmax = min[..t].iter().fold(0.0f32, |a, &v| a.max(v));
     let dmin = f16_to_f32(f32_to_f16(mmax / 63.0));
+    // For d: each sub-block's scale and min rounded to multiples of (d, dmin), x coded for them.
+    let d = best_d(smax, 63.0, |d| {
+        let mut err = 0.0f32;
+        for (s, wt) in wts.iter().enumerate() {
+            let q = |v: f32, by: f32| {
+                if by > 0.0 {
+                    (v / by).round().clamp(0.0, 63.0)
+                } else {
+                    0.0
+                }
+            };
+            let (sc, mc) = (q(scale[s], d), q(min[s], dmin));
+            (subs[2 * s], subs[2 * s + 1]) = (sc as u8, mc as u8);
+            let (ds, dm) = (d * sc, dmin * mc);
+            for i in s * QSUB..(s + 1) * QSUB {
+                let c = if ds > 0.0 {
+                    ((x[i] + dm) / ds).round().clamp(0.0, 15.0)
+                } else {
+                    0.0
+                };
+                codes[i] = c as u8;
+                let e = ds * c - dm - x[i];
+                err += wt[i - s * QSUB] * e * e;
+            }
+        }
+        err
+    });
+    (d, dmin)
+}
+
+/// Of the trial super-block scales (f16-rounded `mul * smax / levels`, `mul` in `D_TRIALS`), the one
+/// whose coding has the least weighted squared error, the codes then written again for it: `code(d)`
+/// codes the super-block for d and returns that error.
+fn best_d(smax: f32, levels: f32, mut code: impl FnMut(f32) -> f32) -> f32 {
     let mut best = (f32::INFINITY, 0.0f32);
     for mul in D_TRIALS {
-        let d = f16_to_f32(f32_to_f16(mul * smax / 63.0));
-        let err = code_q4k(x, &wts, &scale, &min, d, dmin, codes, subs);
+        let d = f16_to_f32(f32_to_f16(mul * smax / levels));
+        let err = code(d);
         if err < best.0 {
             best = (err, d);
         }
@@ -56,47 +90,8 @@ pub(crate) fn fit_q4k(
             break;
         }
     }
-    code_q4k(x, &wts, &scale, &min, best.1, dmin, codes, subs);
-    (best.1, dmin)
-}
-
-/// Rounds each sub-block's scale and min to multiples of (d, dmin), codes x for them, returns the
-/// weighted squared error.
-#[allow(clippy::too_many_arguments)] // one super-block's whole state
-fn code_q4k(
-    x: &[f32],
-    wts: &[Vec<f32>],
-    scale: &[f32; SUBS],
-    min: &[f32; SUBS],
-    d: f32,
-    dmin: f32,
-    codes: &mut [u8],
-    subs: &mut [u8],
-) -> f32 {
-    let mut err = 0.0f32;
-    for (s, wt) in wts.iter().enumerate() {
-        let q = |v: f32, by: f32| {
-            if by > 0.0 {
-                (v / by).round().clamp(0.0, 63.0)
-            } else {
-                0.0
-            }
-        };
-        let (sc, mc) = (q(scale[s], d), q(min[s], dmin));
-        (subs[2 * s], subs[2 * s + 1]) = (sc as u8, mc as u8);
-        let (ds, dm) = (d * sc, dmin * mc);
-        for i in s * QSUB..(s + 1) * QSUB {
-            let c = if ds > 0.0 {
-                ((x[i] + dm) / ds).round().clamp(0.0, 15.0)
-            } else {
-                0.0
-            };
-            codes[i] = c as u8;
-            let e = ds * c - dm - x[i];
-            err += wt[i - s * QSUB] * e * e;
-        }
-    }
-    err
+    code(best.1);
+    best.1
 }
 
 /// One Q6K super-block: writes codes `c + 32` and i8 scales (as u8) into `subs`, returns d
@@ -115,50 +110,30 @@ pub(crate) fn fit_q6k(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8], subs: &m
     let smax = scale[..t]
         .iter()
         .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
-    let mut best = (f32::INFINITY, 0.0f32);
-    for mul in D_TRIALS {
-        let d = f16_to_f32(f32_to_f16(mul * smax / 127.0));
-        let err = code_q6k(x, &wts, &scale, d, codes, subs);
-        if err < best.0 {
-            best = (err, d);
-        }
-        if smax == 0.0 {
-            break;
-        }
-    }
-    code_q6k(x, &wts, &scale, best.1, codes, subs);
-    best.1
-}
-
-fn code_q6k(
-    x: &[f32],
-    wts: &[Vec<f32>],
-    scale: &[f32; SUBS],
-    d: f32,
-    codes: &mut [u8],
-    subs: &mut [u8],
-) -> f32 {
-    let mut err = 0.0f32;
-    for (s, wt) in wts.iter().enumerate() {
-        let sc = if d != 0.0 {
-            (scale[s] / d).round().clamp(-127.0, 127.0)
-        } else {
-            0.0
-        };
-        subs[s] = sc as i8 as u8;
-        let ds = d * sc;
-        for i in s * QSUB..(s + 1) * QSUB {
-            let c = if ds != 0.0 {
-                (x[i] / ds).round().clamp(-32.0, 31.0)
+    // For d: each sub-block's scale rounded to an i8 multiple of d, x coded for it.
+    best_d(smax, 127.0, |d| {
+        let mut err = 0.0f32;
+        for (s, wt) in wts.iter().enumerate() {
+            let sc = if d != 0.0 {
+                (scale[s] / d).round().clamp(-127.0, 127.0)
             } else {
                 0.0
             };
-            codes[i] = (c as i32 + 32) as u8;
-            let e = ds * c - x[i];
-            err += wt[i - s * QSUB] * e * e;
+            subs[s] = sc as i8 as u8;
+            let ds = d * sc;
+            for i in s * QSUB..(s + 1) * QSUB {
+                let c = if ds != 0.0 {
+                    (x[i] / ds).round().clamp(-32.0, 31.0)
+                } else {
+                    0.0
+                };
+                codes[i] = (c as i32 + 32) as u8;
+                let e = ds * c - x[i];
+                err += wt[i - s * QSUB] * e * e;
+            }
         }
-    }
-    err
+        err
+    })
 }
 
 /// A symmetric 64-level grid's scale for one sub-block (codes -32..=31, the extreme value at -32).

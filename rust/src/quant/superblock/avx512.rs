@@ -10,7 +10,8 @@
 use std::arch::x86_64::*;
 
 use super::{x86, Kernels, Tile};
-use crate::quant::avx2::q4k_scale_bytes;
+use crate::quant::avx2_unpack::q4k_scale_bytes;
+use crate::quant::avx512::bx;
 use crate::quant::kblock::Layout;
 use crate::quant::Format;
 
@@ -65,12 +66,6 @@ unsafe fn codes<const PACKED: bool, const Q6: bool>(
     } else {
         c
     }
-}
-
-/// Four activation codes starting at `p`, broadcast to every lane.
-#[inline(always)]
-unsafe fn bx(p: *const i8) -> __m512i {
-    _mm512_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 
 /// Sub-block `s` of the packed super-block at `blk` (of `t`): the 16 rows' `d * sc` and `dmin * mc`

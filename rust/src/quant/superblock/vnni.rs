@@ -14,7 +14,8 @@ macro_rules! vnni_super {
         pub mod sup {
             use std::arch::x86_64::*;
 
-            use crate::quant::avx2::{bx, f16x16};
+            use crate::quant::avx2::bx;
+            use crate::quant::avx2_unpack::f16x16;
             use crate::quant::superblock::x86::group_codes;
             use crate::quant::superblock::{x86, Hdr, Kernels, Tile};
             use crate::quant::Format;

@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::{Hdr, CODES_BYTES};
-use crate::quant::avx2::{f16x16, high_bits, q4_codes, q4k_scale_bytes, q6k_codes};
+use crate::quant::avx2_unpack::{f16x16, high_bits, q4_codes, q4k_scale_bytes, q6k_codes};
 use crate::quant::kblock::{Layout, SUBS};
 use crate::quant::Format;
 

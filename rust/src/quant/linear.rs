@@ -1,0 +1,345 @@
+//! `quant_linear` and its kin: each tier's kernels (`Tier`, chosen by `tier`), the checks, the
+//! activations quantized once per call, and the matrix's panels split into tasks across the pool (one
+//! call, or a mixture's experts as one parallel region: `quant_linear_group`), plus the hooks through
+//! which tests run the AVX-VNNI and AMX tiers' logic over exact emulations.
+//!
+//! Numerical contract: the module's (`quant.rs`); a task computes whole panels for every row, so the
+//! split across threads never changes a bit.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::acts::{quantize_activations, quantize_par, ActsOut};
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx2_rows, avx512, avxvnni};
+use super::{generic, superblock, Job, QActs, QuantWeight, QPANEL};
+use crate::isa::Isa;
+use crate::par::{chunk_ranges, run_tasks, Parallel};
+
+/// Below this many multiply-adds per task, splitting further costs more than it saves.
+const MIN_MACS_PER_TASK: usize = 1 << 17;
+
+type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
+pub(super) type QuantizeFn = unsafe fn(&[f32], ActsOut);
+
+/// A tier's kernels: `panels` over activations from `quantize` (which also writes `QActs::fine` where
+/// `fine`), and the super-block formats' path (`sup`; None: `panels` runs them too, the AVX2 tier's own).
+pub(super) struct Tier {
+    panels: PanelFn,
+    pub quantize: QuantizeFn,
+    name: &'static str,
+    pub fine: bool,
+    sup: Option<&'static superblock::Kernels>,
+}
+
+impl Tier {
+    /// Panels a task's range should be a multiple of: the super-block path's unpacked group, so that no
+    /// task ends in a group cut short (its tiles are widest on whole groups).
+    fn panel_align(&self, w: &QuantWeight, m: usize) -> usize {
+        match self.sup {
+            Some(k) if w.format.is_super() && m >= k.min_rows => k.panels,
+            _ => 1,
+        }
+    }
+
+    /// The job's panel ranges, one per task: as many tasks as threads, but at most one per
+    /// `MIN_MACS_PER_TASK` multiply-adds, each a multiple of `panel_align` panels.
+    fn chunks(&self, par: &dyn Parallel, job: &Job<'_>) -> Vec<Range<usize>> {
+        let (m, n, k) = (job.m, job.w.n, job.w.k);
+        let want = par
+            .num_threads()
+            .clamp(1, (m * n * k / MIN_MACS_PER_TASK).max(1));
+        chunk_ranges(n.div_ceil(QPANEL), want, self.panel_align(job.w, m))
+    }
+
+    /// Runs the job's panels `panels` with the kernels of its matrix's format.
+    ///
+    /// # Safety
+    /// The CPU runs the tier; `job` satisfies `quant_linear`'s contract with activations quantized for
+    /// its format by this tier; no other thread writes these panels' columns.
+    unsafe fn run(&self, job: &Job<'_>, panels: Range<usize>) {
+        match self.sup {
+            Some(k) if job.w.format.is_super() => superblock::run(k, job, panels),
+            _ => (self.panels)(job, panels),
+        }
+    }
+}
+
+/// The kernels for `isa`: AVX-512 with VNNI (`vpdpbusd`), else AVX-VNNI (256-bit `vpdpbusd`), else
+/// AVX2 (`vpmaddubsw`; it also serves AVX-512 CPUs without VNNI), else scalar.
+pub(super) fn tier(isa: Isa) -> Tier {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx512 && avx512::usable() {
+            // On AMX-INT8 CPUs the super-block formats' prompts run on its tiles; all else as AVX-512.
+            let amx = isa >= Isa::Amx && crate::amx::int8::usable();
+            return Tier {
+                panels: avx512::panels,
+                quantize: avx512::quantize_rows,
+                name: if amx { "amx-int8" } else { "avx512vnni" },
+                fine: false,
+                sup: Some(if amx {
+                    &superblock::amx::KERNELS
+                } else {
+                    &superblock::avx512::KERNELS
+                }),
+            };
+        }
+        if isa >= Isa::Avx2 && avx2::usable() {
+            // The AVX2 quantizer (with the i16 fine codes) under the AVX-VNNI kernels where the CPU
+            // has them, else the AVX2 ones (whose super-block path is their own: no `sup`).
+            let vnni = isa >= Isa::AvxVnni && avxvnni::usable();
+            return Tier {
+                panels: if vnni {
+                    avxvnni::real::panels
+                } else {
+                    avx2::panels
+                },
+                quantize: avx2::quantize_rows,
+                name: if vnni { "avxvnni" } else { "avx2" },
+                fine: true,
+                sup: vnni.then_some(&avxvnni::real::sup::KERNELS),
+            };
+        }
+    }
+    let _ = isa;
+    Tier {
+        panels: generic::panels,
+        quantize: generic::quantize_rows,
+        name: "generic",
+        fine: false,
+        sup: Some(&superblock::generic::KERNELS),
+    }
+}
+
+/// Panels the calling thread has run through a many-rows path of the super-block formats (each panel's
+/// super-blocks unpacked once for all rows: `quant/superblock.rs`, the AVX2 tier's `quant/avx2_rows.rs`):
+/// how tests prove it ran.
+pub fn super_unpacked_panels_run() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return superblock::unpacked_panels_run() + avx2_rows::panels_run();
+    #[cfg(not(target_arch = "x86_64"))]
+    superblock::unpacked_panels_run()
+}
+
+/// `quant_linear` with the super-block formats' AMX tier over an exact emulation of the AMX-INT8 tiles
+/// (`tdpbsud`): how that tier's logic is tested on CPUs without AMX (where the CPU has it, the real
+/// instructions run as the `amx` tier of `quant_linear`). Other formats run the scalar tier. Any CPU;
+/// `simd_epilogue` takes the hardware tier's AVX-512 epilogue (panics without AVX-512) instead of the
+/// scalar one.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn quant_linear_amx_emulated(
+    simd_epilogue: bool,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    if check(x, m, w, bias, y) {
+        let sup: &'static superblock::Kernels = if simd_epilogue {
+            assert!(
+                cfg!(target_arch = "x86_64") && Isa::Avx512.is_supported(),
+                "quant_linear_amx_emulated: the AVX-512 epilogue needs AVX-512"
+            );
+            #[cfg(target_arch = "x86_64")]
+            {
+                &superblock::amx::EMULATED_AVX512
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            unreachable!()
+        } else {
+            &superblock::amx::EMULATED
+        };
+        let emulated = Tier {
+            sup: Some(sup),
+            ..tier(Isa::Generic)
+        };
+        linear_with(Isa::Generic, &emulated, par, x, m, w, bias, y);
+    }
+}
+
+/// Tile products (16 rows x one sub-block x one panel) the calling thread has run on the super-block
+/// formats' AMX path, real or emulated: how tests prove it ran.
+#[doc(hidden)]
+pub fn super_amx_products_run() -> usize {
+    superblock::amx::products_run()
+}
+
+/// Rows from which `isa`'s tier runs the super-block formats through its many-rows path.
+pub fn super_min_rows(isa: Isa) -> usize {
+    match tier(isa).sup {
+        Some(k) => k.min_rows,
+        #[cfg(target_arch = "x86_64")]
+        None => avx2_rows::MIN_ROWS,
+        #[cfg(not(target_arch = "x86_64"))]
+        None => usize::MAX,
+    }
+}
+
+/// The kernel family `quant_linear` runs for a tier on this CPU (for tests and logs).
+pub fn kernel_name(isa: Isa) -> &'static str {
+    tier(isa).name
+}
+
+thread_local! {
+    /// Each calling thread's activation buffers, reused across calls.
+    static ACTS: RefCell<QActs> = RefCell::new(QActs::default());
+}
+
+/// y[i, j] = sum_kk x[i, kk] * w[j, kk] (+ bias[j]) with w quantized and x quantized per 32-block
+/// (see the module's contract). Panics (never UB) when a length disagrees with the shapes or `isa`
+/// is not supported.
+pub fn quant_linear(
+    isa: Isa,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    assert_supported(isa);
+    if check(x, m, w, bias, y) {
+        linear_with(isa, &tier(isa), par, x, m, w, bias, y);
+    }
+}
+
+/// Panics unless the CPU runs `isa`.
+fn assert_supported(isa: Isa) {
+    let name = isa.name();
+    assert!(
+        isa.is_supported(),
+        "quant_linear: tier {name} is not supported by this CPU"
+    );
+}
+
+/// Panics (never UB) unless x, y and the bias have the lengths of an [m, k] x [n, k]^T linear;
+/// returns whether there is anything to compute.
+fn check(x: &[f32], m: usize, w: &QuantWeight, bias: Option<&[f32]>, y: &[f32]) -> bool {
+    let (n, k, xl, yl) = (w.n, w.k, x.len(), y.len());
+    assert!(
+        xl == m * k,
+        "quant_linear: x has {xl} elements, expected {m}*{k}"
+    );
+    assert!(
+        yl == m * n,
+        "quant_linear: y has {yl} elements, expected {m}*{n}"
+    );
+    let bias_fits = bias.is_none_or(|b| b.len() == n);
+    assert!(bias_fits, "quant_linear: the bias must have {n} values");
+    m > 0 && n > 0
+}
+
+/// The AVX-VNNI tier's kernels over an exact AVX2 emulation of `vpdpbusd`: how its logic is tested
+/// on CPUs without AVX-VNNI (the instruction itself is tested where the CPU has it, as the
+/// `avxvnni` tier of `quant_linear`). `quant_linear`'s contract; panics without AVX2.
+#[doc(hidden)]
+pub fn quant_linear_vnni_emulated(
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    assert!(
+        cfg!(target_arch = "x86_64") && Isa::Avx2.is_supported(),
+        "quant_linear_vnni_emulated needs AVX2"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if check(x, m, w, bias, y) {
+            let emulated = Tier {
+                panels: avxvnni::emulated::panels,
+                sup: Some(&avxvnni::emulated::sup::KERNELS),
+                ..tier(Isa::Avx2)
+            };
+            linear_with(Isa::Avx2, &emulated, par, x, m, w, bias, y);
+        }
+    }
+}
+
+/// `quant_linear` after its checks: x quantized by `isa`'s tier, then `kernels` over the panels.
+#[allow(clippy::too_many_arguments)]
+fn linear_with(
+    isa: Isa,
+    kernels: &Tier,
+    par: &dyn Parallel,
+    x: &[f32],
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    ACTS.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        quantize_par(isa, par, x, w.k, &mut acts);
+        let job = Job::new(&acts, m, w, bias, y);
+        let chunks = kernels.chunks(par, &job);
+        let task = |i: usize| {
+            // SAFETY: supported tier, activations quantized for the format by it; chunks are disjoint
+            // panel ranges, so each task writes its own columns of y; every length was checked above.
+            unsafe { kernels.run(&job, chunks[i].clone()) }
+        };
+        run_tasks(par, chunks.len(), &task);
+    });
+}
+
+/// One linear of a group: `y[..m * n] = x[..m * k] dequant(w)^T`, no bias.
+pub struct GroupItem<'a> {
+    pub x: &'a [f32],
+    pub m: usize,
+    pub w: &'a QuantWeight,
+    pub y: &'a mut [f32],
+}
+
+thread_local! {
+    /// A group's activation buffers, one per item, reused across calls.
+    static GROUP_ACTS: RefCell<Vec<QActs>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Several independent `quant_linear`s (a mixture's experts) in one parallel region: each item's rows
+/// are quantized on the calling thread, then every item's panel ranges are tasks of one `run`. Each
+/// item's result is bit-identical to `quant_linear` of that item alone (same codes, same kernels).
+/// Panics (never UB) when a length disagrees with the shapes or `isa` is not supported.
+pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'_>]) {
+    assert_supported(isa);
+    for it in items.iter() {
+        check(it.x, it.m, it.w, None, it.y);
+    }
+    let kernels = tier(isa);
+    GROUP_ACTS.with(|cell| {
+        let mut acts = cell.borrow_mut();
+        if acts.len() < items.len() {
+            acts.resize_with(items.len(), QActs::default);
+        }
+        for (it, a) in items.iter().zip(acts.iter_mut()) {
+            if it.m > 0 {
+                quantize_activations(isa, it.x, a);
+            }
+        }
+        let jobs: Vec<Job<'_>> = items
+            .iter_mut()
+            .zip(acts.iter())
+            .map(|(it, a)| Job::new(a, it.m, it.w, None, it.y))
+            .collect();
+        // (job, panel range) tasks, each job split as quant_linear splits it.
+        let mut tasks: Vec<(usize, Range<usize>)> = Vec::new();
+        for (j, job) in jobs.iter().enumerate() {
+            if job.m > 0 && job.w.n > 0 {
+                tasks.extend(kernels.chunks(par, job).into_iter().map(|r| (j, r)));
+            }
+        }
+        let task = |i: usize| {
+            let (j, r) = &tasks[i];
+            // SAFETY: supported tier; each job's chunks are disjoint panel ranges of its own y (the
+            // items' outputs are distinct &mut slices), so no two tasks write the same element; every
+            // length was checked above.
+            unsafe { kernels.run(&jobs[*j], r.clone()) }
+        };
+        run_tasks(par, tasks.len(), &task);
+    });
+}
