@@ -12,8 +12,7 @@
 //! says `clip_after_norm`: OLMoE).
 
 use super::cache::KvCache;
-use super::ctx::MIN_ROW_VALUES;
-use super::ctx::{Model, Row, Segment};
+use super::ctx::{Model, Segment, Window, MIN_ROW_VALUES};
 use super::linear::lin;
 use super::norm::norm_rows_in_place;
 use super::ops;
@@ -62,10 +61,10 @@ pub fn sublayer(
     input: &[f32],
     b: &mut AttnBufs<'_>,
     out: &mut [f32],
-    rows: &[Row],
-    segs: &[Segment],
+    win: &Window<'_>,
     l: usize,
 ) {
+    let (rows, segs) = (win.rows, win.segs);
     let (r, w) = (model.r, model.w);
     let m = rows.len();
     let (qw, kvw, d) = (r.q_width(), r.kv_width(), r.head_dim);

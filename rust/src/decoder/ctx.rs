@@ -95,6 +95,12 @@ pub struct Segment {
     pub pos0: usize,
 }
 
+/// A window's rows (sequence after sequence) and its sequences' segments of them.
+pub struct Window<'a> {
+    pub rows: &'a [Row],
+    pub segs: &'a [Segment],
+}
+
 /// Everything a step reads besides the activations.
 pub struct Model<'a> {
     pub r: &'a Recipe,

@@ -18,7 +18,7 @@
 //! its input rounded to int8 per 32 values (`quant.rs`); everything around it stays float32.
 
 use super::cache::KvCache;
-use super::ctx::{Model, Row, Scratch, Segment};
+use super::ctx::{Model, Row, Scratch, Segment, Window};
 use super::layer;
 use super::linear::lin;
 use super::norm::norm_rows;
@@ -108,7 +108,11 @@ pub fn step(
             cache.make_room(g.slot, g.pos0, g.rows.len());
         }
         for l in 0..r.layers {
-            layer::run(model, &tables, isa, par, cache, s, win, &segs, l);
+            let w = Window {
+                rows: win,
+                segs: &segs,
+            };
+            layer::run(model, &tables, isa, par, cache, s, &w, l);
         }
         let want: Vec<usize> = wanted
             .iter()

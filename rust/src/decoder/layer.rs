@@ -13,7 +13,7 @@
 
 use super::attend::{self, AttnBufs};
 use super::cache::KvCache;
-use super::ctx::{Model, Row, Scratch, Segment, MIN_ROW_VALUES};
+use super::ctx::{Model, Scratch, Window, MIN_ROW_VALUES};
 use super::mlp;
 use super::moe;
 use super::norm::{norm_rows, norm_rows_in_place};
@@ -54,7 +54,7 @@ const MLP_NORM: [Tensor; 2] = [Tensor::MlpNorm, Tensor::MlpNormBias];
 const POST_ATTN: [Tensor; 2] = [Tensor::PostAttnNorm, Tensor::PostAttnNormBias];
 const POST_MLP: [Tensor; 2] = [Tensor::PostMlpNorm, Tensor::PostMlpNormBias];
 
-/// Layer `l` over the window's `rows` (their segments `segs`), in place on `s.x`.
+/// Layer `l` over the window's rows, in place on `s.x`.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     model: &Model<'_>,
@@ -63,10 +63,10 @@ pub fn run(
     par: &dyn Parallel,
     cache: &mut KvCache,
     s: &mut Scratch,
-    rows: &[Row],
-    segs: &[Segment],
+    win: &Window<'_>,
     l: usize,
 ) {
+    let rows = win.rows;
     let (r, w) = (model.r, model.w);
     let n = rows.len() * r.hidden;
     // Disjoint buffers of the scratch, borrowed apart.
@@ -88,7 +88,7 @@ pub fn run(
     let m = rows.len();
     let mut attention = |input: &[f32], out: &mut [f32]| {
         attend::sublayer(
-            model, tables, isa, par, cache, input, &mut bufs, out, rows, segs, l,
+            model, tables, isa, par, cache, input, &mut bufs, out, win, l,
         )
     };
     let sparse = r.sparse(l);
