@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 
 /// Mask of the first `n` lanes (all 16 when n >= 16).
 #[inline]
-fn lanes(n: usize) -> __mmask16 {
+pub(crate) fn lanes(n: usize) -> __mmask16 {
     if n >= 16 {
         !0
     } else {

@@ -5,16 +5,7 @@ use std::arch::x86_64::*;
 
 use super::generic::{GELU_BETA, GELU_KAPPA};
 use super::Act;
-use crate::attention::avx512::exp16;
-
-#[inline]
-fn lanes(n: usize) -> __mmask16 {
-    if n >= 16 {
-        !0
-    } else {
-        (1u16 << n) - 1
-    }
-}
+use crate::attention::avx512::{exp16, lanes};
 
 /// tanh(x): Cephes' odd polynomial below |x| = 0.625, else sign(x) * (1 - 2 / (exp(2|x|) + 1)).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
