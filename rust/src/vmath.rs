@@ -16,6 +16,7 @@
 //! own vectorised `erf` uses (absolute error <= 1.5e-7, so GELU-erf agrees with torch's to that).
 
 pub mod generic;
+mod stamp;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
