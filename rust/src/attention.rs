@@ -103,33 +103,28 @@ pub(crate) struct Ops {
     pub softcap: unsafe fn(&mut [f32], f32),
 }
 
+/// The `Ops` of tier module `$tier` (its attention kernels and `vmath`'s soft-cap of the same tier).
+/// The scalar tier's safe functions coerce to the `unsafe fn` pointers.
+macro_rules! tier_ops {
+    ($tier:ident) => {
+        Ops {
+            qk: $tier::qk,
+            pv_rows: $tier::pv_rows,
+            exp_sum: $tier::exp_sum,
+            widen_bf16: $tier::widen_bf16,
+            softcap: crate::vmath::$tier::softcap,
+        }
+    };
+}
+
 impl Ops {
     fn of(isa: Isa) -> Ops {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 | Isa::Amx => Ops {
-                qk: avx512::qk,
-                pv_rows: avx512::pv_rows,
-                exp_sum: avx512::exp_sum,
-                widen_bf16: avx512::widen_bf16,
-                softcap: crate::vmath::avx512::softcap,
-            },
+            Isa::Avx512 | Isa::Amx => tier_ops!(avx512),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::AvxVnni => Ops {
-                qk: avx2::qk,
-                pv_rows: avx2::pv_rows,
-                exp_sum: avx2::exp_sum,
-                widen_bf16: avx2::widen_bf16,
-                softcap: crate::vmath::avx2::softcap,
-            },
-            // The scalar tier's safe functions coerce to the `unsafe fn` pointers.
-            _ => Ops {
-                qk: generic::qk,
-                pv_rows: generic::pv_rows,
-                exp_sum: generic::exp_sum,
-                widen_bf16: generic::widen_bf16,
-                softcap: crate::vmath::generic::softcap,
-            },
+            Isa::Avx2 | Isa::AvxVnni => tier_ops!(avx2),
+            _ => tier_ops!(generic),
         }
     }
 }
