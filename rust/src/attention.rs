@@ -19,6 +19,8 @@
 
 mod block;
 mod generic;
+mod operands;
+mod stamp;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -28,6 +30,7 @@ pub(crate) mod avx512;
 use crate::bf16::Element;
 use crate::isa::Isa;
 use crate::par::{run_tasks, Parallel, SyncPtr};
+pub(crate) use operands::{PvArgs, QkArgs};
 
 /// A strided 4-D view. `strides` are in elements; `strides[3]` must be 1 (rows contiguous)
 /// unless `dims[3] <= 1`; `data` must cover the largest offset.
@@ -87,15 +90,11 @@ impl<'a, E> View4<'a, E> {
 
 /// Per-ISA primitives used by `block::attend` (every tier exports these names).
 pub(crate) struct Ops {
-    /// qk(q, rows, k, ldk, keys, d, scores, lds):
-    /// scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]) for r < rows, s < keys.
-    #[allow(clippy::type_complexity)]
-    pub qk: unsafe fn(&[f32], usize, &[f32], usize, usize, usize, &mut [f32], usize),
-    /// pv_rows(p, lds, rows, keys, v, ldv, d, acc): the tier's `pv` (acc[..d] += sum_s p[s] *
-    /// v[s*ldv..][..d]) on each of `rows` rows over the same keys, bit for bit as `pv` per row:
-    /// acc[r*d..][..d] += sum_{s < keys} p[r*lds + s] * v[s*ldv..][..d].
-    #[allow(clippy::type_complexity)]
-    pub pv_rows: unsafe fn(&[f32], usize, usize, usize, &[f32], usize, usize, &mut [f32]),
+    /// The scores `QkArgs` describes.
+    pub qk: unsafe fn(QkArgs<'_>),
+    /// The weighted sums `PvArgs` describes: the tier's one-row `pv` (acc[..d] += sum_s p[s] *
+    /// v[s*ldv..][..d]) on each row over the same keys, bit for bit as `pv` per row.
+    pub pv_rows: unsafe fn(PvArgs<'_>),
     /// row[i] = exp(row[i] - max(row)) for a non-empty row; returns (max, sum of new row).
     pub exp_sum: unsafe fn(&mut [f32]) -> (f32, f32),
     /// dst[i] = widened src[i].
@@ -104,54 +103,30 @@ pub(crate) struct Ops {
     pub softcap: unsafe fn(&mut [f32], f32),
 }
 
+/// The `Ops` of tier module `$tier` (its attention kernels and `vmath`'s soft-cap of the same tier).
+/// The scalar tier's safe functions coerce to the `unsafe fn` pointers.
+macro_rules! tier_ops {
+    ($tier:ident) => {
+        Ops {
+            qk: $tier::qk,
+            pv_rows: $tier::pv_rows,
+            exp_sum: $tier::exp_sum,
+            widen_bf16: $tier::widen_bf16,
+            softcap: crate::vmath::$tier::softcap,
+        }
+    };
+}
+
 impl Ops {
     fn of(isa: Isa) -> Ops {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 | Isa::Amx => Ops {
-                qk: avx512::qk,
-                pv_rows: avx512::pv_rows,
-                exp_sum: avx512::exp_sum,
-                widen_bf16: avx512::widen_bf16,
-                softcap: crate::vmath::avx512::softcap,
-            },
+            Isa::Avx512 | Isa::Amx => tier_ops!(avx512),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::AvxVnni => Ops {
-                qk: avx2::qk,
-                pv_rows: avx2::pv_rows,
-                exp_sum: avx2::exp_sum,
-                widen_bf16: avx2::widen_bf16,
-                softcap: crate::vmath::avx2::softcap,
-            },
-            _ => Ops {
-                qk: generic::qk,
-                pv_rows: generic_pv_rows,
-                exp_sum: generic::exp_sum,
-                widen_bf16: generic::widen_bf16,
-                softcap: generic_softcap,
-            },
+            Isa::Avx2 | Isa::AvxVnni => tier_ops!(avx2),
+            _ => tier_ops!(generic),
         }
     }
-}
-
-/// The scalar `pv_rows`, in the `Ops` signature.
-#[allow(clippy::too_many_arguments)]
-unsafe fn generic_pv_rows(
-    p: &[f32],
-    lds: usize,
-    rows: usize,
-    keys: usize,
-    v: &[f32],
-    ldv: usize,
-    d: usize,
-    acc: &mut [f32],
-) {
-    generic::pv_rows(p, lds, rows, keys, v, ldv, d, acc)
-}
-
-/// The scalar soft-cap, in the `Ops` signature.
-unsafe fn generic_softcap(x: &mut [f32], cap: f32) {
-    crate::vmath::generic::softcap(x, cap)
 }
 
 /// What a query sees and how its scores are formed, beyond the shapes.
@@ -350,7 +325,7 @@ pub fn attention<E: Element>(
 
 #[cfg(test)]
 mod tests {
-    use super::Ops;
+    use super::{Ops, PvArgs, QkArgs};
     use crate::isa;
 
     /// Deterministic values in [-1, 1).
@@ -385,16 +360,38 @@ mod tests {
                         let acc0 = values(rows * d, 5);
                         let (mut many, mut one) = (vec![0.0; rows * lds], vec![0.0; rows * lds]);
                         let (mut acc_many, mut acc_one) = (acc0.clone(), acc0.clone());
-                        // SAFETY: the tier is supported; every slice covers what the kernels read and write.
-                        unsafe {
-                            (ops.qk)(&q, rows, &k, ldk, keys, d, &mut many, lds);
-                            (ops.pv_rows)(&p, lds, rows, keys, &v, ldv, d, &mut acc_many);
-                            for r in 0..rows {
-                                let (qr, sr) = (&q[r * d..], &mut one[r * lds..]);
-                                (ops.qk)(qr, 1, &k, ldk, keys, d, sr, lds);
-                                let (pr, ar) = (&p[r * lds..], &mut acc_one[r * d..(r + 1) * d]);
-                                (ops.pv_rows)(pr, lds, 1, keys, &v, ldv, d, ar);
-                            }
+                        let run =
+                            |q: &[f32], p: &[f32], rows, scores: &mut [f32], acc: &mut [f32]| {
+                                let qk = QkArgs {
+                                    q,
+                                    rows,
+                                    k: &k,
+                                    ldk,
+                                    keys,
+                                    d,
+                                    scores,
+                                    lds,
+                                };
+                                let pv = PvArgs {
+                                    p,
+                                    lds,
+                                    rows,
+                                    keys,
+                                    v: &v,
+                                    ldv,
+                                    d,
+                                    acc,
+                                };
+                                // SAFETY: the tier is supported; every slice covers what the kernels read and write.
+                                unsafe {
+                                    (ops.qk)(qk);
+                                    (ops.pv_rows)(pv);
+                                }
+                            };
+                        run(&q, &p, rows, &mut many, &mut acc_many);
+                        for r in 0..rows {
+                            let (sr, ar) = (&mut one[r * lds..], &mut acc_one[r * d..(r + 1) * d]);
+                            run(&q[r * d..], &p[r * lds..], 1, sr, ar);
                         }
                         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                         let at = format!("{} d {d} keys {keys} rows {rows}", tier.name());

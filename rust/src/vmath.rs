@@ -16,6 +16,7 @@
 //! own vectorised `erf` uses (absolute error <= 1.5e-7, so GELU-erf agrees with torch's to that).
 
 pub mod generic;
+mod stamp;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -35,6 +36,21 @@ pub enum Act {
     Relu,
 }
 
+/// Calls the function `$f` of `isa`'s tier with the given arguments.
+macro_rules! by_tier {
+    ($isa:expr, $f:ident($($arg:expr),*)) => {
+        match $isa {
+            // SAFETY: the tier is supported (the callers' contract).
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 | Isa::Amx => unsafe { avx512::$f($($arg),*) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::$f($($arg),*) },
+            _ => generic::$f($($arg),*),
+        }
+    };
+}
+
 /// out[i] = act(g[i]) * u[i] (a gated MLP). Slices of equal length; `isa` must be supported by
 /// this CPU (the decoder checks it once per step).
 pub fn act_mul(isa: Isa, act: Act, g: &[f32], u: &[f32], out: &mut [f32]) {
@@ -42,39 +58,15 @@ pub fn act_mul(isa: Isa, act: Act, g: &[f32], u: &[f32], out: &mut [f32]) {
         g.len() == u.len() && u.len() == out.len(),
         "act_mul: lengths differ"
     );
-    match isa {
-        // SAFETY: the tier is supported (the caller's contract).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Amx => unsafe { avx512::act_mul(act, g, u, out) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::act_mul(act, g, u, out) },
-        _ => generic::act_mul(act, g, u, out),
-    }
+    by_tier!(isa, act_mul(act, g, u, out))
 }
 
 /// x[i] = act(x[i]) (a plain MLP).
 pub fn act_in_place(isa: Isa, act: Act, x: &mut [f32]) {
-    match isa {
-        // SAFETY: the tier is supported (the caller's contract).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Amx => unsafe { avx512::act_in_place(act, x) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::act_in_place(act, x) },
-        _ => generic::act_in_place(act, x),
-    }
+    by_tier!(isa, act_in_place(act, x))
 }
 
 /// x[i] = tanh(x[i] / cap) * cap.
 pub fn softcap(isa: Isa, x: &mut [f32], cap: f32) {
-    match isa {
-        // SAFETY: the tier is supported (the caller's contract).
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Amx => unsafe { avx512::softcap(x, cap) },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 | Isa::AvxVnni => unsafe { avx2::softcap(x, cap) },
-        _ => generic::softcap(x, cap),
-    }
+    by_tier!(isa, softcap(x, cap))
 }

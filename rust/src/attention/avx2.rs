@@ -9,6 +9,11 @@
 
 use std::arch::x86_64::*;
 
+use super::operands::RowsAt;
+use super::operands::{col_blocks, pv_has_work};
+use super::stamp::{even_odd_keys, exp_poly, row_scores};
+use super::{PvArgs, QkArgs};
+
 use crate::bf16::bf16_to_f32;
 
 /// Horizontal sum of one vector, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the order of each
@@ -45,16 +50,11 @@ fn tail_mask(n: usize) -> __m256i {
     )
 }
 
-/// acc[j] += q[..d] * k_j[..d] lane-wise for the J keys `k + j*ldk`.
+/// acc[j] += q * k_j[..q.len()] lane-wise for the J keys `k + j*ldk`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn dot_keys<const J: usize>(
-    q: *const f32,
-    k: *const f32,
-    ldk: usize,
-    d: usize,
-    acc: &mut [__m256; J],
-) {
+unsafe fn dot_keys<const J: usize>(q: &[f32], k: *const f32, ldk: usize, acc: &mut [__m256; J]) {
+    let (d, q) = (q.len(), q.as_ptr());
     let d8 = d / 8 * 8;
     let mut i = 0;
     while i < d8 {
@@ -74,48 +74,20 @@ unsafe fn dot_keys<const J: usize>(
     }
 }
 
-/// scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]) for r < rows, s < keys.
+/// The scores `args` describes: scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)] // same shape as every tier
-pub unsafe fn qk(
-    q: &[f32],
-    rows: usize,
-    k: &[f32],
-    ldk: usize,
-    keys: usize,
-    d: usize,
-    scores: &mut [f32],
-    lds: usize,
-) {
-    if rows == 0 || keys == 0 {
+pub unsafe fn qk(args: QkArgs<'_>) {
+    if !args.has_work() {
         return;
     }
-    assert!(q.len() >= rows * d, "qk: q too short");
-    assert!(k.len() >= (keys - 1) * ldk + d, "qk: k too short");
-    assert!(
-        scores.len() >= (rows - 1) * lds + keys,
-        "qk: scores too short"
-    );
-    let kp = k.as_ptr();
-    for r in 0..rows {
-        let qr = q.as_ptr().add(r * d);
-        let out = scores.as_mut_ptr().add(r * lds);
-        let mut s = 0;
-        while s + 8 <= keys {
-            let mut acc = [_mm256_setzero_ps(); 8];
-            dot_keys::<8>(qr, kp.add(s * ldk), ldk, d, &mut acc);
-            _mm256_storeu_ps(out.add(s), hsum8(&acc));
-            s += 8;
-        }
-        while s < keys {
-            let mut acc = [_mm256_setzero_ps(); 1];
-            dot_keys::<1>(qr, kp.add(s * ldk), ldk, d, &mut acc);
-            *out.add(s) = hsum(acc[0]);
-            s += 1;
-        }
+    let (k, ldk, keys, d, lds) = (args.k.as_ptr(), args.ldk, args.keys, args.d, args.lds);
+    let scores = args.scores.as_mut_ptr();
+    for r in 0..args.rows {
+        let (qr, out) = (&args.q[r * d..(r + 1) * d], scores.add(r * lds));
+        row_scores!(_mm256_setzero_ps, qr, k, ldk, 0, keys, out);
     }
 }
 
@@ -137,31 +109,16 @@ unsafe fn pv_block<const N: usize, const SPLIT: bool>(
     for c in 0..N {
         even[c] = _mm256_maskload_ps(acc.add(8 * c), masks[c]);
     }
-    let mut row = v;
     if SPLIT {
-        let pairs = p.chunks_exact(2);
-        let last = pairs.remainder();
-        for pair in pairs {
-            let (p0, p1) = (_mm256_set1_ps(pair[0]), _mm256_set1_ps(pair[1]));
-            for c in 0..N {
-                let v0 = _mm256_maskload_ps(row.add(8 * c), masks[c]);
-                let v1 = _mm256_maskload_ps(row.add(ldv + 8 * c), masks[c]);
-                even[c] = _mm256_fmadd_ps(p0, v0, even[c]);
-                odd[c] = _mm256_fmadd_ps(p1, v1, odd[c]);
-            }
-            row = row.add(2 * ldv);
-        }
-        if let [pl] = *last {
-            let pb = _mm256_set1_ps(pl);
-            for c in 0..N {
-                let v0 = _mm256_maskload_ps(row.add(8 * c), masks[c]);
-                even[c] = _mm256_fmadd_ps(pb, v0, even[c]);
-            }
-        }
+        let (set1, fmadd) = (_mm256_set1_ps, _mm256_fmadd_ps);
+        even_odd_keys!(p, v, ldv, N, even, odd, set1, fmadd, |row, c| {
+            _mm256_maskload_ps(row.add(8 * c), masks[c])
+        });
         for c in 0..N {
             even[c] = _mm256_add_ps(even[c], odd[c]);
         }
     } else {
+        let mut row = v;
         for &ps in p {
             let pb = _mm256_set1_ps(ps);
             for c in 0..N {
@@ -193,17 +150,12 @@ fn block_masks<const N: usize>(width: usize) -> [__m256i; N] {
 /// The CPU must support AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
-    assert_eq!(acc.len(), d, "pv: acc must hold exactly d values");
-    if p.is_empty() {
+    if !pv_has_work(p, v, ldv, d, acc) {
         return;
     }
-    assert!(v.len() >= (p.len() - 1) * ldv + d, "pv: v too short");
     // Columns in blocks of up to 8 vectors (64 floats): 8 accumulators stay in registers.
-    let mut c0 = 0;
-    while c0 < d {
-        let width = (d - c0).min(64);
+    for (c0, width) in col_blocks(d, 64) {
         pv_col_block(p, v.as_ptr().add(c0), ldv, acc.as_mut_ptr().add(c0), width);
-        c0 += width;
     }
 }
 
@@ -229,17 +181,8 @@ unsafe fn pv_col_block(p: &[f32], vp: *const f32, ldv: usize, ap: *mut f32, widt
 /// arithmetic, lane for lane), each V vector loaded once for the three rows.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pv_rows_seq<const FULL: bool>(
-    p: *const f32,
-    lds: usize,
-    keys: usize,
-    v: *const f32,
-    ldv: usize,
-    acc: *mut f32,
-    lda: usize,
-    width: usize,
-) {
+unsafe fn pv_rows_seq<const FULL: bool>(at: RowsAt, width: usize) {
+    let (p, v, acc, lds, keys, ldv, lda) = at;
     const N: usize = 4;
     let mut masks = [_mm256_set1_epi32(-1); N];
     for (c, m) in masks.iter_mut().enumerate() {
@@ -286,66 +229,29 @@ unsafe fn pv_rows_seq<const FULL: bool>(
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)] // same shape as every tier
-pub unsafe fn pv_rows(
-    p: &[f32],
-    lds: usize,
-    rows: usize,
-    keys: usize,
-    v: &[f32],
-    ldv: usize,
-    d: usize,
-    acc: &mut [f32],
-) {
-    if rows == 0 || keys == 0 {
-        return;
-    }
-    assert!(p.len() >= (rows - 1) * lds + keys, "pv_rows: p too short");
-    assert!(v.len() >= (keys - 1) * ldv + d, "pv_rows: v too short");
-    assert!(acc.len() >= rows * d, "pv_rows: acc too short");
-    let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
-    let mut r = 0;
+pub unsafe fn pv_rows(args: PvArgs<'_>) {
     // Rows in threes through `pv`'s column blocks: in-order blocks (5-8 vectors) in 32-column
     // pieces shared by the three rows, split blocks row by row.
-    while r + 3 <= rows {
-        let mut c0 = 0;
-        while c0 < d {
-            let width = (d - c0).min(64);
+    let three = |a: &PvArgs<'_>, r: usize, ap: *mut f32| {
+        for (c0, width) in col_blocks(a.d, 64) {
             if width.div_ceil(8) >= 5 {
                 for s0 in (0..width).step_by(32) {
                     let w = (width - s0).min(32);
-                    let at = c0 + s0;
-                    let (pr, va, aa) = (pp.add(r * lds), vp.add(at), ap.add(r * d + at));
                     if w == 32 {
-                        pv_rows_seq::<true>(pr, lds, keys, va, ldv, aa, d, w);
+                        pv_rows_seq::<true>(a.rows_at(r, c0 + s0, ap), w);
                     } else {
-                        pv_rows_seq::<false>(pr, lds, keys, va, ldv, aa, d, w);
+                        pv_rows_seq::<false>(a.rows_at(r, c0 + s0, ap), w);
                     }
                 }
             } else {
                 for i in r..r + 3 {
-                    pv_col_block(
-                        &p[i * lds..i * lds + keys],
-                        vp.add(c0),
-                        ldv,
-                        ap.add(i * d + c0),
-                        width,
-                    );
+                    let p = &a.p[i * a.lds..i * a.lds + a.keys];
+                    pv_col_block(p, a.v.as_ptr().add(c0), a.ldv, ap.add(i * a.d + c0), width);
                 }
             }
-            c0 += width;
         }
-        r += 3;
-    }
-    for r in r..rows {
-        pv(
-            &p[r * lds..r * lds + keys],
-            v,
-            ldv,
-            d,
-            &mut acc[r * d..(r + 1) * d],
-        );
-    }
+    };
+    args.in_threes(three, pv);
 }
 
 /// exp(x) for x <= ~88.4: Cephes range reduction x = n ln2 + r, |r| <= ln2/2, degree-6
@@ -362,16 +268,8 @@ pub(crate) fn exp8(x: __m256) -> __m256 {
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut y = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-        y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
-    }
-    let y = _mm256_add_ps(
-        _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), r),
-        _mm256_set1_ps(1.0),
-    );
+    let (set1, mul, add) = (_mm256_set1_ps, _mm256_mul_ps, _mm256_add_ps);
+    let y = exp_poly!(x, n, set1, _mm256_fmadd_ps, _mm256_fnmadd_ps, mul, add);
     let pow2n = _mm256_slli_epi32::<23>(_mm256_add_epi32(
         _mm256_cvtps_epi32(n),
         _mm256_set1_epi32(127),

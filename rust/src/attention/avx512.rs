@@ -7,10 +7,16 @@
 //! ~2 ulp, gradual underflow to 0, NaN propagates).
 
 use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::operands::RowsAt;
+use super::operands::{col_blocks, pv_has_work};
+use super::stamp::{even_odd_keys, exp_poly, row_scores};
+use super::{PvArgs, QkArgs};
 
 /// Mask of the first `n` lanes (all 16 when n >= 16).
 #[inline]
-fn lanes(n: usize) -> __mmask16 {
+pub(crate) fn lanes(n: usize) -> __mmask16 {
     if n >= 16 {
         !0
     } else {
@@ -63,16 +69,11 @@ fn hsum8(a: &[__m512; 8]) -> __m256 {
     _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, v))
 }
 
-/// acc[j] += q[..d] * k_j[..d] lane-wise for the J keys `k + j*ldk`.
+/// acc[j] += q * k_j[..q.len()] lane-wise for the J keys `k + j*ldk`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
-unsafe fn dot_keys<const J: usize>(
-    q: *const f32,
-    k: *const f32,
-    ldk: usize,
-    d: usize,
-    acc: &mut [__m512; J],
-) {
+unsafe fn dot_keys<const J: usize>(q: &[f32], k: *const f32, ldk: usize, acc: &mut [__m512; J]) {
+    let (d, q) = (q.len(), q.as_ptr());
     let mut i = 0;
     while i < d {
         // Masked-off lanes are neither read nor faulted on, and load as 0.
@@ -85,40 +86,25 @@ unsafe fn dot_keys<const J: usize>(
     }
 }
 
-/// scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]) for r < rows, s < keys.
+/// The scores `args` describes: scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-#[allow(clippy::too_many_arguments)] // same shape as every tier
-pub unsafe fn qk(
-    q: &[f32],
-    rows: usize,
-    k: &[f32],
-    ldk: usize,
-    keys: usize,
-    d: usize,
-    scores: &mut [f32],
-    lds: usize,
-) {
-    if rows == 0 || keys == 0 {
+pub unsafe fn qk(args: QkArgs<'_>) {
+    if !args.has_work() {
         return;
     }
-    assert!(q.len() >= rows * d, "qk: q too short");
-    assert!(k.len() >= (keys - 1) * ldk + d, "qk: k too short");
-    assert!(
-        scores.len() >= (rows - 1) * lds + keys,
-        "qk: scores too short"
-    );
-    let kp = k.as_ptr();
+    let (kp, ldk, keys, d, lds) = (args.k.as_ptr(), args.ldk, args.keys, args.d, args.lds);
+    let (rows, q, scores) = (args.rows, args.q.as_ptr(), args.scores.as_mut_ptr());
     let keys8 = keys / 8 * 8;
     // Groups of 3 rows share each key load (24 accumulators); each score's arithmetic is the
     // one-row kernel's (lane-wise FMAs over d, then `hsum8`), so a row's scores do not depend on
     // the rows beside it.
     let mut r = 0;
     while r + 3 <= rows {
-        let qr = q.as_ptr().add(r * d);
-        let out = scores.as_mut_ptr().add(r * lds);
+        let qr = q.add(r * d);
+        let out = scores.add(r * lds);
         for s in (0..keys8).step_by(8) {
             let mut acc = [[_mm512_setzero_ps(); 8]; 3];
             dot_rows_keys::<3>(qr, d, kp.add(s * ldk), ldk, d, &mut acc);
@@ -127,39 +113,25 @@ pub unsafe fn qk(
             }
         }
         for i in 0..3 {
-            tail_keys(qr.add(i * d), kp, ldk, keys8, keys, d, out.add(i * lds));
+            let qi = &args.q[(r + i) * d..(r + i + 1) * d];
+            tail_keys(qi, kp, ldk, keys8..keys, out.add(i * lds));
         }
         r += 3;
     }
     for r in r..rows {
-        let qr = q.as_ptr().add(r * d);
-        let out = scores.as_mut_ptr().add(r * lds);
-        let mut s = 0;
-        while s + 8 <= keys {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            dot_keys::<8>(qr, kp.add(s * ldk), ldk, d, &mut acc);
-            _mm256_storeu_ps(out.add(s), hsum8(&acc));
-            s += 8;
-        }
-        tail_keys(qr, kp, ldk, s, keys, d, out);
+        let (qr, out) = (&args.q[r * d..(r + 1) * d], scores.add(r * lds));
+        row_scores!(_mm512_setzero_ps, qr, kp, ldk, 0, keys, out);
     }
 }
 
-/// out[s] = dot(q, k_s) for s in from..keys, one key at a time (the keys past the last group of 8).
+/// out[s] = dot(q, k_s) for the keys s in `keys` one at a time (a row group's keys past its last
+/// group of 8), as `row_scores!` scores them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
-unsafe fn tail_keys(
-    qr: *const f32,
-    kp: *const f32,
-    ldk: usize,
-    from: usize,
-    keys: usize,
-    d: usize,
-    out: *mut f32,
-) {
-    for s in from..keys {
+unsafe fn tail_keys(q: &[f32], kp: *const f32, ldk: usize, keys: Range<usize>, out: *mut f32) {
+    for s in keys {
         let mut acc = [_mm512_setzero_ps(); 1];
-        dot_keys::<1>(qr, kp.add(s * ldk), ldk, d, &mut acc);
+        dot_keys::<1>(q, kp.add(s * ldk), ldk, &mut acc);
         *out.add(s) = hsum(acc[0]);
     }
 }
@@ -215,29 +187,10 @@ unsafe fn pv_block<const N: usize>(
     for c in 0..N {
         even[c] = _mm512_maskz_loadu_ps(masks[c], acc.add(16 * c));
     }
-    let mut row = v;
-    let pairs = p.chunks_exact(2);
-    let last = pairs.remainder();
-    for pair in pairs {
-        let (p0, p1) = (_mm512_set1_ps(pair[0]), _mm512_set1_ps(pair[1]));
-        for c in 0..N {
-            let v0 = _mm512_maskz_loadu_ps(masks[c], row.add(16 * c));
-            let v1 = _mm512_maskz_loadu_ps(masks[c], row.add(ldv + 16 * c));
-            even[c] = _mm512_fmadd_ps(p0, v0, even[c]);
-            odd[c] = _mm512_fmadd_ps(p1, v1, odd[c]);
-        }
-        row = row.add(2 * ldv);
-    }
-    if let [pl] = *last {
-        let pb = _mm512_set1_ps(pl);
-        for c in 0..N {
-            even[c] = _mm512_fmadd_ps(
-                pb,
-                _mm512_maskz_loadu_ps(masks[c], row.add(16 * c)),
-                even[c],
-            );
-        }
-    }
+    let (set1, fmadd) = (_mm512_set1_ps, _mm512_fmadd_ps);
+    even_odd_keys!(p, v, ldv, N, even, odd, set1, fmadd, |row, c| {
+        _mm512_maskz_loadu_ps(masks[c], row.add(16 * c))
+    });
     for c in 0..N {
         _mm512_mask_storeu_ps(acc.add(16 * c), masks[c], _mm512_add_ps(even[c], odd[c]));
     }
@@ -249,15 +202,11 @@ unsafe fn pv_block<const N: usize>(
 /// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
-    assert_eq!(acc.len(), d, "pv: acc must hold exactly d values");
-    if p.is_empty() {
+    if !pv_has_work(p, v, ldv, d, acc) {
         return;
     }
-    assert!(v.len() >= (p.len() - 1) * ldv + d, "pv: v too short");
     // Columns in blocks of up to 8 vectors (128 floats): 8 accumulators stay in registers.
-    let mut c0 = 0;
-    while c0 < d {
-        let width = (d - c0).min(128);
+    for (c0, width) in col_blocks(d, 128) {
         let (vp, ap) = (v.as_ptr().add(c0), acc.as_mut_ptr().add(c0));
         match width.div_ceil(16) {
             8 => pv_block::<8>(p, vp, ldv, ap, width),
@@ -269,7 +218,6 @@ pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
             2 => pv_block::<2>(p, vp, ldv, ap, width),
             _ => pv_block::<1>(p, vp, ldv, ap, width),
         }
-        c0 += width;
     }
 }
 
@@ -279,17 +227,9 @@ pub unsafe fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
 /// row's result does not depend on the rows beside it.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // a register tile, indexed [row][vector]
-unsafe fn pv_rows_block<const R: usize>(
-    p: *const f32,
-    lds: usize,
-    keys: usize,
-    v: *const f32,
-    ldv: usize,
-    acc: *mut f32,
-    lda: usize,
-    width: usize,
-) {
+#[allow(clippy::needless_range_loop)] // a register tile, indexed [row][vector]
+unsafe fn pv_rows_block<const R: usize>(at: RowsAt, width: usize) {
+    let (p, v, acc, lds, keys, ldv, lda) = at;
     const N: usize = 4;
     let mut masks = [0 as __mmask16; N];
     for (c, m) in masks.iter_mut().enumerate() {
@@ -344,50 +284,13 @@ unsafe fn pv_rows_block<const R: usize>(
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-#[allow(clippy::too_many_arguments)] // same shape as every tier
-pub unsafe fn pv_rows(
-    p: &[f32],
-    lds: usize,
-    rows: usize,
-    keys: usize,
-    v: &[f32],
-    ldv: usize,
-    d: usize,
-    acc: &mut [f32],
-) {
-    if rows == 0 || keys == 0 {
-        return;
-    }
-    assert!(p.len() >= (rows - 1) * lds + keys, "pv_rows: p too short");
-    assert!(v.len() >= (keys - 1) * ldv + d, "pv_rows: v too short");
-    assert!(acc.len() >= rows * d, "pv_rows: acc too short");
-    let (pp, vp, ap) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
-    let mut r = 0;
-    while r + 3 <= rows {
-        for c0 in (0..d).step_by(64) {
-            let w = (d - c0).min(64);
-            pv_rows_block::<3>(
-                pp.add(r * lds),
-                lds,
-                keys,
-                vp.add(c0),
-                ldv,
-                ap.add(r * d + c0),
-                d,
-                w,
-            );
+pub unsafe fn pv_rows(args: PvArgs<'_>) {
+    let three = |a: &PvArgs<'_>, r: usize, ap: *mut f32| {
+        for (c0, w) in col_blocks(a.d, 64) {
+            pv_rows_block::<3>(a.rows_at(r, c0, ap), w);
         }
-        r += 3;
-    }
-    for r in r..rows {
-        pv(
-            &p[r * lds..r * lds + keys],
-            v,
-            ldv,
-            d,
-            &mut acc[r * d..(r + 1) * d],
-        );
-    }
+    };
+    args.in_threes(three, pv);
 }
 
 /// exp(x): Cephes range reduction x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, then
@@ -402,16 +305,8 @@ pub(crate) fn exp16(x: __m512) -> __m512 {
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
     );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let mut y = _mm512_set1_ps(1.987_569_1e-4);
-    for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
-    }
-    let y = _mm512_add_ps(
-        _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r),
-        _mm512_set1_ps(1.0),
-    );
+    let (set1, mul, add) = (_mm512_set1_ps, _mm512_mul_ps, _mm512_add_ps);
+    let y = exp_poly!(x, n, set1, _mm512_fmadd_ps, _mm512_fnmadd_ps, mul, add);
     _mm512_scalef_ps(y, n)
 }
 

@@ -15,7 +15,7 @@
 
 use std::ops::Range;
 
-use super::{AttnParams, Ops, View4};
+use super::{AttnParams, Ops, PvArgs, QkArgs, View4};
 use crate::bf16::{bf16_to_f32, classify, f32_to_bf16, ElemSlice, Element};
 use crate::par::SyncPtr;
 use crate::scratch::with_scratch;
@@ -149,9 +149,16 @@ pub(crate) unsafe fn attend<E: Element>(
             let n = KEY_CHUNK.min(ke - s0);
             let r0 = first_row(s0);
             let (kc, ldk) = rows_f32(ops, &kd, k, job.b, job.kv_head, s0, n, chunk);
-            let q_rows = &qbuf[r0 * d..rows * d];
-            let out = &mut scores[r0 * nkeys + (s0 - ks)..];
-            (ops.qk)(q_rows, rows - r0, kc, ldk, n, d, out, nkeys);
+            (ops.qk)(QkArgs {
+                q: &qbuf[r0 * d..rows * d],
+                rows: rows - r0,
+                k: kc,
+                ldk,
+                keys: n,
+                d,
+                scores: &mut scores[r0 * nkeys + (s0 - ks)..],
+                lds: nkeys,
+            });
         }
 
         // Soft-capped scores, then softmax numerators in place; (max, denominator) kept per row.
@@ -201,16 +208,16 @@ pub(crate) unsafe fn attend<E: Element>(
                     e += 1;
                 }
                 if a < b {
-                    (ops.pv_rows)(
-                        &scores[r * nkeys + a..],
-                        nkeys,
-                        e - r,
-                        b - a,
-                        &vc[(a - c0) * ldv..],
+                    (ops.pv_rows)(PvArgs {
+                        p: &scores[r * nkeys + a..],
+                        lds: nkeys,
+                        rows: e - r,
+                        keys: b - a,
+                        v: &vc[(a - c0) * ldv..],
                         ldv,
                         d,
-                        &mut acc[r * d..e * d],
-                    );
+                        acc: &mut acc[r * d..e * d],
+                    });
                 }
                 r = e;
             }

@@ -3,21 +3,22 @@
 //! Numerical contract: f32 throughout. Dots accumulate in 8 interleaved partial sums like the
 //! linear generic tier; exp is `f32::exp` (libm, within 1 ulp); sums are sequential.
 
+use super::{PvArgs, QkArgs};
 use crate::bf16::bf16_slice_to_f32;
 use crate::linear::generic_dot as dot;
 
-/// scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]) for r < rows, s < keys.
-#[allow(clippy::too_many_arguments)] // same shape as the SIMD tiers
-pub fn qk(
-    q: &[f32],
-    rows: usize,
-    k: &[f32],
-    ldk: usize,
-    keys: usize,
-    d: usize,
-    scores: &mut [f32],
-    lds: usize,
-) {
+/// The scores `args` describes: scores[r*lds + s] = dot(q[r*d..][..d], k[s*ldk..][..d]).
+pub fn qk(args: QkArgs<'_>) {
+    let QkArgs {
+        q,
+        rows,
+        k,
+        ldk,
+        keys,
+        d,
+        scores,
+        lds,
+    } = args;
     for r in 0..rows {
         let qr = &q[r * d..(r + 1) * d];
         for s in 0..keys {
@@ -36,26 +37,14 @@ pub fn pv(p: &[f32], v: &[f32], ldv: usize, d: usize, acc: &mut [f32]) {
     }
 }
 
-/// acc[r*d..][..d] += sum over s < keys of p[r*lds + s] * v[s*ldv..][..d] for r < rows: `pv` per row.
-#[allow(clippy::too_many_arguments)] // same shape as the SIMD tiers
-pub fn pv_rows(
-    p: &[f32],
-    lds: usize,
-    rows: usize,
-    keys: usize,
-    v: &[f32],
-    ldv: usize,
-    d: usize,
-    acc: &mut [f32],
-) {
+/// The weighted sums `args` describes: `pv` on each row.
+pub fn pv_rows(mut args: PvArgs<'_>) {
+    let PvArgs {
+        rows, v, ldv, d, ..
+    } = args;
     for r in 0..rows {
-        pv(
-            &p[r * lds..r * lds + keys],
-            v,
-            ldv,
-            d,
-            &mut acc[r * d..(r + 1) * d],
-        );
+        let (p, acc) = args.row(r);
+        pv(p, v, ldv, d, acc);
     }
 }
 

@@ -4,88 +4,29 @@
 use std::arch::x86_64::*;
 
 use super::generic::{GELU_BETA, GELU_KAPPA};
+use super::stamp::lane_math;
 use super::Act;
-use crate::attention::avx512::exp16;
+use crate::attention::avx512::{exp16, lanes};
 
-#[inline]
-fn lanes(n: usize) -> __mmask16 {
-    if n >= 16 {
-        !0
-    } else {
-        (1u16 << n) - 1
-    }
-}
-
-/// tanh(x): Cephes' odd polynomial below |x| = 0.625, else sign(x) * (1 - 2 / (exp(2|x|) + 1)).
+/// x with `x_sign`'s sign bit or-ed in (x is non-negative here, so this copies the sign).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
-pub(crate) fn tanh16(x: __m512) -> __m512 {
-    let ax = _mm512_abs_ps(x);
-    let z = _mm512_mul_ps(x, x);
-    let mut p = _mm512_set1_ps(-5.704_988_7e-3);
-    for c in [2.063_909e-2, -5.373_971_6e-2, 1.333_144_2e-1, -3.333_328e-1] {
-        p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(c));
-    }
-    let small = _mm512_fmadd_ps(_mm512_mul_ps(p, z), x, x);
-    let one = _mm512_set1_ps(1.0);
-    let e = exp16(_mm512_add_ps(ax, ax));
-    let large = _mm512_sub_ps(
-        one,
-        _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
-    );
-    // Copy x's sign onto the large branch (|large| carries none).
-    let sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(i32::MIN));
-    let large = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(large), sign));
-    let is_small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(ax, _mm512_set1_ps(0.625));
-    _mm512_mask_blend_ps(is_small, large, small)
+fn or_sign16(x: __m512, x_sign: __m512) -> __m512 {
+    let sign = _mm512_and_si512(_mm512_castps_si512(x_sign), _mm512_set1_epi32(i32::MIN));
+    _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), sign))
 }
 
-/// erf(x) as torch's vectorised erf computes it (Abramowitz-Stegun 7.1.26).
+/// `yes` where a < b, else `no`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
 #[inline]
-fn erf16(x: __m512) -> __m512 {
-    let neg_zero = _mm512_set1_ps(-0.0);
-    let one = _mm512_set1_ps(1.0);
-    let sign = _mm512_and_ps(neg_zero, x);
-    let ax = _mm512_abs_ps(x);
-    let t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.327_591_1), ax, one));
-    let mut r = _mm512_fmadd_ps(_mm512_set1_ps(1.061_405_4), t, _mm512_set1_ps(-1.453_152));
-    for c in [1.421_413_7, -0.284_496_74, 0.254_829_6] {
-        r = _mm512_fmadd_ps(r, t, _mm512_set1_ps(c));
-    }
-    let e = exp16(_mm512_xor_ps(neg_zero, _mm512_mul_ps(x, x)));
-    let y = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_xor_ps(neg_zero, e), t), r, one);
-    _mm512_xor_ps(sign, y)
+fn select_lt16(a: __m512, b: __m512, yes: __m512, no: __m512) -> __m512 {
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b), no, yes)
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-#[inline]
-fn act16(act: Act, x: __m512) -> __m512 {
-    let one = _mm512_set1_ps(1.0);
-    match act {
-        Act::Silu => _mm512_div_ps(
-            x,
-            _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))),
-        ),
-        Act::GeluTanh => {
-            let cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-            let inner = _mm512_mul_ps(
-                _mm512_set1_ps(GELU_BETA),
-                _mm512_add_ps(x, _mm512_mul_ps(_mm512_set1_ps(GELU_KAPPA), cube)),
-            );
-            let half_x = _mm512_mul_ps(_mm512_set1_ps(0.5), x);
-            _mm512_mul_ps(half_x, _mm512_add_ps(one, tanh16(inner)))
-        }
-        Act::GeluErf => {
-            let e = erf16(_mm512_mul_ps(
-                x,
-                _mm512_set1_ps(std::f32::consts::FRAC_1_SQRT_2),
-            ));
-            _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.5)), _mm512_add_ps(one, e))
-        }
-        // max(x, 0) returns its second operand for NaN: put x second so NaN stays NaN.
-        Act::Relu => _mm512_max_ps(_mm512_setzero_ps(), x),
-    }
+lane_math! {
+    features: "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma", vector: __m512, exp: exp16,
+    abs: _mm512_abs_ps, or_sign: or_sign16, select_lt: select_lt16,
+    ops: [_mm512_set1_ps, _mm512_setzero_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_fmadd_ps, _mm512_and_ps, _mm512_xor_ps, _mm512_max_ps]
 }
 
 /// out[i] = act(g[i]) * u[i].
@@ -103,7 +44,7 @@ pub unsafe fn act_mul(act: Act, g: &[f32], u: &[f32], out: &mut [f32]) {
         _mm512_mask_storeu_ps(
             out.as_mut_ptr().add(i),
             m,
-            _mm512_mul_ps(act16(act, gv), uv),
+            _mm512_mul_ps(activate(act, gv), uv),
         );
         i += 16;
     }
@@ -121,7 +62,7 @@ pub unsafe fn act_in_place(act: Act, x: &mut [f32]) {
     while i < n {
         let m = lanes(n - i);
         let v = _mm512_maskz_loadu_ps(m, p.add(i));
-        _mm512_mask_storeu_ps(p.add(i), m, act16(act, v));
+        _mm512_mask_storeu_ps(p.add(i), m, activate(act, v));
         i += 16;
     }
 }
@@ -139,7 +80,7 @@ pub unsafe fn softcap(x: &mut [f32], cap: f32) {
     while i < n {
         let m = lanes(n - i);
         let v = _mm512_maskz_loadu_ps(m, p.add(i));
-        _mm512_mask_storeu_ps(p.add(i), m, _mm512_mul_ps(tanh16(_mm512_div_ps(v, c)), c));
+        _mm512_mask_storeu_ps(p.add(i), m, _mm512_mul_ps(tanh(_mm512_div_ps(v, c)), c));
         i += 16;
     }
 }
