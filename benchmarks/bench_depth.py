@@ -17,26 +17,25 @@ Depths are clipped to each model's context (d + 512 must fit; a note says which 
 ``max_position_embeddings`` is shorter gets it raised after its GGUF is written (a note says so; the weights do not
 depend on it, and llama.cpp only warns that the context passes the file's ``context_length``).
 
-KV caches: KwkDecoder's is float32 today (``rust/src/decoder/cache.rs``); ``--kv-cache bf16|q8`` arrive with issue
-33 item 1 and are passed to ``KwkDecoder.from_hf(kv_cache=...)`` (refused while it has no such argument).
+KV caches: KwkDecoder's format is ``--kv-cache`` (f32, bf16, q8; several run as separate contenders, each a decoder
+of its own, ``KwkDecoder.from_hf(kv_cache=...)``).
 llama.cpp runs with its default f16 cache (flash attention "auto", as llama-bench), or with ``--peer-cache q8_0``
 type_k = type_v = q8_0 and flash attention on (``-ctk q8_0 -ctv q8_0 -fa 1``); ``--peer-cache f16 q8_0`` runs both.
 llama.cpp's own lines about flash attention are printed after each load. KV bytes per token: KwkDecoder's from
-``dec.info["kv_bytes_per_token"]`` when it has it, else computed from the config (2 x layers x KV heads x head
-dim x 4 bytes, marked "computed"); llama.cpp's from its cache type (f16: 2 bytes a value, q8_0: 34/32).
+``dec.info["kv_bytes_per_token"]`` (what each token adds: its global layers'); llama.cpp's from its cache type
+(f16: 2 bytes a value, q8_0: 34/32).
 
 Run: ``flock /tmp/kwker-build.lock python benchmarks/bench_depth.py [--rounds 3] [--models ...] [--depths ...]
-[--precisions int4 int8 preserve] [--peer-cache f16 q8_0] [--kv-cache f32] [--text FILE]``; 2 threads. Depth 16,384
-on SmolLM2-1.7B fills ~17k tokens per contender and holds ~6.7 GB of float32 KV: expect a long run. Results:
-``benchmarks/results/depth.json`` (with each fill's seconds); tables are printed as they are measured, a progress
-line per measurement.
+[--precisions int4 int8 preserve] [--peer-cache f16 q8_0] [--kv-cache f32 bf16 q8] [--text FILE]``; 2 threads.
+Depth 16,384 on SmolLM2-1.7B fills ~17k tokens per contender and holds ~6.7 GB of float32 KV: expect a long run.
+Results: ``benchmarks/results/depth.json`` (with each fill's seconds); tables are printed as they are measured, a
+progress line per measurement.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import os
 import statistics
 import time
@@ -54,8 +53,7 @@ from kwker_torch.texts import sample_text
 
 MODELS = ["SmolLM2-135M", "Qwen2.5-0.5B", "SmolLM2-1.7B"]
 PAIRS = {"int4": "Q4_0", "int8": "Q8_0", "preserve": "BF16"}  # KwkDecoder precision -> llama.cpp GGUF type
-KV_CACHES = ["f32", "bf16", "q8"]  # KwkDecoder's cache formats: f32 today, the others with issue 33 item 1
-KWK_VALUE_BYTES = {"f32": 4.0}  # bytes a cached value, for the computed fallback (formats known to exist)
+KV_CACHES = ["f32", "bf16", "q8"]  # KwkDecoder's cache formats
 PEER_CACHES = {"f16": {"kv_type": "f16", "flash_attn": "auto"}, "q8_0": {"kv_type": "q8_0", "flash_attn": "on"}}
 PEER_VALUE_BYTES = {"f16": 2.0, "q8_0": 34 / 32}  # q8_0: 32 int8 values and one f16 scale a block
 PEER_KIND = "native"
@@ -160,15 +158,9 @@ def kv_dims(cfg: Any) -> tuple[int, int, int]:
 
 
 def kwk_kv_bytes(dec: KwkDecoder, fmt: str) -> tuple[float, str]:
-    """KwkDecoder's KV bytes per token: ``dec.info``'s when it gives them, else computed from the config."""
-    if "kv_bytes_per_token" in dec.info:
-        return float(dec.info["kv_bytes_per_token"]), "dec.info"
-    layers, kv_heads, head_dim = kv_dims(dec.config)
-    per = 2 * layers * kv_heads * head_dim * KWK_VALUE_BYTES[fmt]
-    total = dec.info.get("kv_bytes")
-    if total is not None and total != per * dec.max_batch * dec.max_context:
-        say(f"  note: dec.info['kv_bytes'] = {total} is not {per:.0f} B/token x {dec.max_batch} x {dec.max_context}")
-    return per, "computed"
+    """KwkDecoder's KV bytes per token (its global layers'), as the native cache states them in ``dec.info``."""
+    assert dec.info["kv_cache"] == fmt, (dec.info["kv_cache"], fmt)
+    return float(dec.info["kv_bytes_per_token"]), "dec.info"
 
 
 def peer_kv_bytes(cfg: Any, n_layer: int, cache: str) -> float:
@@ -210,14 +202,17 @@ def bench_pair(name: str, label: str, model: torch.nn.Module, prec: str, depths:
     ftype = PAIRS[prec]
     path = peer_gguf(name, model, ftype)
     ctx = max(depths) + PP
-    kw = {} if a.kv_cache == "f32" else {"kv_cache": a.kv_cache}
-    dec = KwkDecoder.from_hf(model, precision=prec, max_batch=1, max_context=ctx, **kw)
-    kwk = f"KwkDecoder {prec}"
-    names = [kwk] + [f"llama.cpp {ftype}" + ("" if c == "f16" else f" kv {c}") for c in a.peer_cache]
-    kv: dict[str, tuple[str, float, str]] = {kwk: (a.kv_cache, *kwk_kv_bytes(dec, a.kv_cache))}
+    decs = {f"KwkDecoder {prec}" + ("" if f == "f32" else f" kv {f}"):
+            KwkDecoder.from_hf(model, precision=prec, max_batch=1, max_context=ctx, kv_cache=f)
+            for f in a.kv_cache}  # fmt: skip
+    peers = [f"llama.cpp {ftype}" + ("" if c == "f16" else f" kv {c}") for c in a.peer_cache]
+    names = [*decs, *peers]
+    kv: dict[str, tuple[str, float, str]] = {
+        n: (f, *kwk_kv_bytes(dec, f)) for (n, dec), f in zip(decs.items(), a.kv_cache, strict=True)
+    }
     workers: dict[str, LlamaCppWorker] = {}
     try:
-        for c, n in zip(a.peer_cache, names[1:], strict=True):
+        for c, n in zip(a.peer_cache, peers, strict=True):
             w = workers[n] = LlamaCppWorker(PEER_KIND)
             info = w.load(path, n_ctx=-(-ctx // 256) * 256, n_batch=BATCH, **PEER_CACHES[c])
             fa = "; ".join(info.get("flash_attn_log") or ["(no line)"])
@@ -231,7 +226,7 @@ def bench_pair(name: str, label: str, model: torch.nn.Module, prec: str, depths:
             say(f"\n  -- {label}, {prec} vs {ftype}, depth {d}")
             if d:
                 for n in names:
-                    secs = kwk_fill(dec, ids[:d]) if n == kwk else workers[n].fill(ids[:d])
+                    secs = kwk_fill(decs[n], ids[:d]) if n in decs else workers[n].fill(ids[:d])
                     extra.setdefault("fill_seconds", {})[f"{label} {n} depth {d}"] = secs
                     rate = f"{secs:.1f} s ({d / secs:.0f} tok/s, untimed)"
                     say(f"  fill {d} tokens: {n} {rate}; {eta.add(fill_units(d))}")
@@ -239,8 +234,8 @@ def bench_pair(name: str, label: str, model: torch.nn.Module, prec: str, depths:
             for r in range(a.rounds + 1):  # round 0 warms up
                 for n in names:
                     time.sleep(0.2)  # let the other contenders' spinning threads settle
-                    if n == kwk:
-                        pp, tg = kwk_pp(dec, d, ids), kwk_tg(dec, d, ids)
+                    if n in decs:
+                        pp, tg = kwk_pp(decs[n], d, ids), kwk_tg(decs[n], d, ids)
                     else:
                         w = workers[n]
                         pp = w.pp(PP, warmup=False, depth=d, tokens=ids[d : d + PP])
@@ -254,7 +249,7 @@ def bench_pair(name: str, label: str, model: torch.nn.Module, prec: str, depths:
             med = {n: {k: statistics.median(v) for k, v in x.items()} for n, x in t.items()}
             if d == 0:
                 base = med
-            ref = med[names[1]]
+            ref = med[peers[0]]
             for n in names:
                 cache, per, src = kv[n]
                 m = med[n]
@@ -265,7 +260,7 @@ def bench_pair(name: str, label: str, model: torch.nn.Module, prec: str, depths:
     finally:
         for w in workers.values():
             w.close()
-        del dec
+        decs.clear()
         gc.collect()
 
 
@@ -280,19 +275,17 @@ def main() -> None:
     p.add_argument("--peer-cache", nargs="+", default=["f16"], choices=list(PEER_CACHES),
                    help="llama.cpp KV cache: f16 (its default, flash attention auto) and/or q8_0 (-ctk q8_0 "
                         "-ctv q8_0 -fa 1)")  # fmt: skip
-    p.add_argument("--kv-cache", default="f32", choices=KV_CACHES,
-                   help="KwkDecoder's KV cache format: f32 today; bf16 and q8 arrive with issue 33 item 1 "
-                        "(KwkDecoder.from_hf(kv_cache=...))")  # fmt: skip
+    p.add_argument("--kv-cache", nargs="+", default=["f32"], choices=KV_CACHES,
+                   help="KwkDecoder's KV cache formats, each a contender (KwkDecoder.from_hf(kv_cache=...))")
     p.add_argument("--text", default=None, metavar="FILE",
                    help="English text to fill the context with (default: the project's sample story)")  # fmt: skip
     a = p.parse_args()
-    if a.kv_cache != "f32" and "kv_cache" not in inspect.signature(KwkDecoder.from_hf).parameters:
-        raise SystemExit(f"--kv-cache {a.kv_cache}: KwkDecoder.from_hf takes no kv_cache argument yet (issue 33, "
-                         "item 1); its KV cache is float32 today, so only --kv-cache f32 runs")  # fmt: skip
     if any(d < 0 for d in a.depths) or a.rounds < 1:
         raise SystemExit("--depths must be >= 0 and --rounds >= 1")
     depths = sorted(set(a.depths))
-    a.models, a.precisions, a.peer_cache = (list(dict.fromkeys(x)) for x in (a.models, a.precisions, a.peer_cache))
+    a.models, a.precisions, a.peer_cache, a.kv_cache = (
+        list(dict.fromkeys(x)) for x in (a.models, a.precisions, a.peer_cache, a.kv_cache)
+    )
     triad = start("native")
     ids, about = text_ids(a.text, max(depths) + PP)
     say(f"context text: {about}")

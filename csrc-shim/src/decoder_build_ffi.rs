@@ -8,7 +8,7 @@ use crate::decoder_handle::{c_str, pool, raw_slice, size, write_out, Handle};
 use crate::decoder_step_ffi::{FINISH_CODES, LOGITS_CODES};
 use crate::error::guarded;
 use kwker_kernels::decoder::builder::{Builder, Data, Store};
-use kwker_kernels::decoder::recipe::{Limits, Recipe};
+use kwker_kernels::decoder::recipe::{KvFormat, Limits, Recipe};
 use kwker_kernels::decoder::tensors::{present, TABLE};
 use kwker_kernels::decoder::weights::MatFormat;
 use kwker_kernels::quant::{gguf, grid, quantize, Format, QuantOptions};
@@ -17,7 +17,7 @@ use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
 /// Version of this boundary; `native.py` refuses a library of another.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 /// Element types a tensor can be handed over in.
 const DTYPES: [&str; 2] = ["f32", "bf16"];
@@ -109,17 +109,18 @@ pub unsafe extern "C" fn kwker_recipe_tensors(
     })
 }
 
-/// Starts a decoder from its recipe (JSON) and limits; returns a builder handle, or null with a
-/// message.
+/// Starts a decoder from its recipe (JSON) and limits (`kv_cache`: "f32", "bf16" or "q8"); returns a
+/// builder handle, or null with a message.
 ///
 /// # Safety
-/// `recipe` a NUL-terminated string.
+/// `recipe` and `kv_cache` NUL-terminated strings.
 #[no_mangle]
 pub unsafe extern "C" fn kwker_decoder_builder(
     recipe: *const c_char,
     slots: i64,
     max_context: i64,
     chunk_rows: i64,
+    kv_cache: *const c_char,
     err: *mut c_char,
     err_len: usize,
 ) -> *mut c_void {
@@ -131,6 +132,8 @@ pub unsafe extern "C" fn kwker_decoder_builder(
             slots: size(slots, "max_batch")?,
             max_context: size(max_context, "max_context")?,
             chunk_rows: size(chunk_rows, "chunk_rows")?,
+            // SAFETY: forwarded caller guarantee.
+            kv: KvFormat::parse(unsafe { c_str(kv_cache, "the KV cache format")? })?,
         };
         let mut b = Builder::new(r, limits)?;
         // Quantization runs on as many threads as steps will (KWKER_NUM_THREADS, or torch's count).

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from . import families, native, plan
-from .common import CHUNK_ROWS, PRECISIONS, eos_ids, kv_cache_bytes, mem_total
+from .common import CHUNK_ROWS, PRECISIONS, eos_ids, kv_cache_bytes, kv_row_bytes, mem_total
 
 log = logging.getLogger("kwker_torch")
 
@@ -63,7 +63,8 @@ def mem_available() -> int | None:
     return None
 
 
-def context_that_fits(recipe: dict[str, Any], trained: int, max_batch: int, share: float = 0.5) -> int:
+def context_that_fits(recipe: dict[str, Any], trained: int, max_batch: int, kv_cache: str = "f32",
+                      share: float = 0.5) -> int:  # fmt: skip
     """``max_context="auto"``: the model's trained context, or less where ``max_batch`` slots of that would
     take more than ``share`` of the memory available now (the longest context that fits, in steps of 256);
     logged with the reason."""
@@ -73,22 +74,24 @@ def context_that_fits(recipe: dict[str, Any], trained: int, max_batch: int, shar
         lo, hi = 1, trained  # the cache grows with the context: the longest that fits, by bisection
         while lo <= hi:
             mid = (lo + hi) // 2
-            if max_batch * kv_cache_bytes(recipe, mid) <= share * budget:
+            if max_batch * kv_cache_bytes(recipe, mid, kv_cache) <= share * budget:
                 fits, lo = mid, mid + 1
             else:
                 hi = mid - 1
         if fits < trained:
             fits = max(fits // 256 * 256, min(trained, 256))
-    kv = max_batch * kv_cache_bytes(recipe, fits)
+    kv = max_batch * kv_cache_bytes(recipe, fits, kv_cache)
     why = ("the model's trained context" if fits == trained else
            f"the model is trained for {trained}; {max_batch} slots of that would take more than half of the "
            f"{budget / 2**30:.1f} GiB of memory available: lower the slots for more")  # fmt: skip
-    log.info("kwker: max_context auto = %d tokens per slot (%s); KV cache %.2f GiB for %d slot(s), float32",
-             fits, why, kv / 2**30, max_batch)  # fmt: skip
+    log.info("kwker: max_context auto = %d tokens per slot (%s); KV cache %.2f GiB for %d slot(s), %s",
+             fits, why, kv / 2**30, max_batch, kv_cache)  # fmt: skip
     return fits
 
 
-def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_context: Any) -> tuple[int, int]:
+def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_context: Any,
+            kv_cache: str = "f32") -> tuple[int, int]:  # fmt: skip
+    kv_row_bytes(kv_cache, 1)  # a clear error for an unknown format, before anything is built
     if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
         raise ValueError(f"kwker: max_batch must be a positive int (sequence slots), got {max_batch!r}")
     cfg = model.config
@@ -96,7 +99,7 @@ def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_
     if max_context is None:
         max_context = min(limit, 4096)
     elif max_context == "auto":
-        max_context = context_that_fits(recipe, limit, max_batch)
+        max_context = context_that_fits(recipe, limit, max_batch, kv_cache)
     if not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1:
         raise ValueError(f"kwker: max_context must be a positive int or \"auto\", got {max_context!r}")
     learned = recipe["positions"].get("learned")
@@ -105,7 +108,7 @@ def _limits(model: torch.nn.Module, recipe: dict[str, Any], max_batch: Any, max_
             f"kwker: max_context={max_context} is more than this model's {learned['len'] - learned['offset']} learned "
             "positions (max_position_embeddings / n_positions); use a smaller max_context"
         )
-    kv_bytes = max_batch * kv_cache_bytes(recipe, max_context)
+    kv_bytes = max_batch * kv_cache_bytes(recipe, max_context, kv_cache)
     total = mem_total()
     if total is not None and kv_bytes > 0.8 * total:
         raise ValueError(
@@ -128,6 +131,7 @@ def from_hf(
     formats: dict[str, str] | None,
     gptq: bool,
     act_order: bool,
+    kv_cache: str = "f32",
 ) -> Any:
     """``KwkDecoder.from_hf`` for a model a family maps: every argument as given there (where the defaults and
     their meaning live), ``cls`` the class to build."""
@@ -136,7 +140,7 @@ def from_hf(
     fam, recipe = check_model(model)
     weights = sum(p.numel() for p in model.parameters())
     choose = plan.plan(precision, recipe["layers"], formats, fam.sensitive, weights=weights)
-    max_batch, max_context = _limits(model, recipe, max_batch, max_context)
+    max_batch, max_context = _limits(model, recipe, max_batch, max_context, kv_cache)
     wanted = native.recipe_tensors(recipe)
     with torch.no_grad():
         sources = {s.key: s for s in fam.tensors(model, recipe)}
@@ -162,7 +166,7 @@ def from_hf(
         ids = plan.calib_ids(calib, tokenizer)
         # GPTQ's Hessians hold the importance (their diagonals): one pass over the text, not two.
         imp = {} if gptq else plan.importance(model, ids, modules)
-    builder = native.Builder(recipe, max_batch, max_context, CHUNK_ROWS)
+    builder = native.Builder(recipe, max_batch, max_context, CHUNK_ROWS, kv_cache)
     done: set[tuple[str, int, int]] = set()
     if gptq:
         done = _gptq(builder, model, ids, sources, choose, recipe["tied_embeddings"], act_order)
@@ -171,7 +175,7 @@ def from_hf(
         **{f"{q}_matrices": 0 for q in plan.QUANT},
         "tied_embeddings": recipe["tied_embeddings"], "calibrated": imp is not None, "formats": {},
         "plan": fam.plan_note if precision == "int4" else None,
-        "gptq": len(done) if gptq else None,
+        "gptq": len(done) if gptq else None, "kv_cache": kv_cache,
     }  # fmt: skip
     # Stored bits and weights of the matrices a token reads, for bits_per_weight: a sparse layer's experts count
     # top_k / experts of their size (a token reads its k), and every weight once in total_weights.
@@ -201,9 +205,9 @@ def from_hf(
     )
     log.info(
         "kwker: KwkDecoder for %s (%s, %s): %s matrices (%.2f bits per weight), "
-        "%.0f MB of weights per token, KV cache %.0f MB (float32, %d slots x %d positions)",
+        "%.0f MB of weights per token, KV cache %.0f MB (%s, %d slots x %d positions)",
         type(model).__name__, fam.name, precision, counts, info["bits_per_weight"],
-        info["weight_bytes_per_token"] / 1e6, info["kv_bytes"] / 1e6, max_batch, max_context,
+        info["weight_bytes_per_token"] / 1e6, info["kv_bytes"] / 1e6, kv_cache, max_batch, max_context,
     )  # fmt: skip
     return dec
 

@@ -18,11 +18,22 @@ CHUNK_ROWS = 512
 WINDOW_KEEP = 64
 
 
-def kv_cache_bytes(recipe: dict, max_context: int) -> int:
-    """Bytes of one slot's float32 KV cache at ``max_context``, as the native cache allocates it: a global layer
-    holds every position, a sliding-window layer its window, ``WINDOW_KEEP`` older keys and two chunks of rows
-    (``cache.rs`` ``window_capacity``; ``dec.info["kv_bytes_per_slot"]`` is the native figure, tested equal)."""
-    per_position = 2 * recipe["kv_heads"] * recipe["head_dim"] * 4
+# KV cache formats (``kv_cache=``): float32 (the 1e-5 contract), bf16, int8 codes with a scale per head and position.
+KV_CACHES = ("f32", "bf16", "q8")
+
+
+def kv_row_bytes(kv_cache: str, head_dim: int) -> int:
+    """Bytes one head's K (or V) row takes in the cache format (``recipe.rs`` ``KvFormat::row_bytes``)."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kwker: kv_cache={kv_cache!r}; expected one of {', '.join(KV_CACHES)}")
+    return {"f32": 4 * head_dim, "bf16": 2 * head_dim, "q8": head_dim + 4}[kv_cache]
+
+
+def kv_cache_bytes(recipe: dict, max_context: int, kv_cache: str = "f32") -> int:
+    """Bytes of one slot's KV cache at ``max_context``, as the native cache allocates it: a global layer holds every
+    position, a sliding-window layer its window, ``WINDOW_KEEP`` older keys and two chunks of rows (``cache.rs``
+    ``window_capacity``; ``dec.info["kv_bytes_per_slot"]`` is the native figure, tested equal)."""
+    per_position = 2 * recipe["kv_heads"] * kv_row_bytes(kv_cache, recipe["head_dim"])
     positions = 0
     for spec in recipe["layer_specs"]:
         w = spec.get("window")

@@ -160,7 +160,8 @@ def _skeleton(cfg: Any) -> torch.nn.Module:
     return model.eval()
 
 
-def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_context: int | None = None) -> Any:
+def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_context: int | str | None = None,
+              kv_cache: str = "f32") -> Any:  # fmt: skip
     from transformers import AutoConfig
 
     path = os.fspath(path)
@@ -210,10 +211,10 @@ def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_co
         for mod, n in owners[id(p)]:  # every module sharing it (a tied lm_head) gets the same one
             mod._parameters[n] = new
     fam, recipe = families.read(model)
-    max_batch, max_context = _limits(model, recipe, max_batch, max_context)
+    max_batch, max_context = _limits(model, recipe, max_batch, max_context, kv_cache)
     wanted = native.recipe_tensors(recipe)
     sources = {s.key: s for s in fam.tensors(model, recipe)}
-    builder = native.Builder(recipe, max_batch, max_context, CHUNK_ROWS)
+    builder = native.Builder(recipe, max_batch, max_context, CHUNK_ROWS, kv_cache)
     info: dict[str, Any] = {
         "family": fam.name, "precision": "gguf", "calibrated": False, "tied_embeddings": recipe["tied_embeddings"],
         "formats": {}, "plan": f"as stored in {fname}",
@@ -246,6 +247,7 @@ def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_co
                     fname, ", ".join(sorted(requantized)))  # fmt: skip
     info["bits_per_weight"] = bits[0] / bits[1] if bits[1] else 0.0
     info["active_weights"] = info["total_weights"] = int(bits[1])
+    info["kv_cache"] = kv_cache
     h = builder.build()
     info["weight_bytes_per_token"] = int(native.LIB.kwker_decoder_weight_bytes(h))
     dec = cls(h, cfg, recipe["vocab"], max_batch, max_context, info, eos_ids(model), fam.name)

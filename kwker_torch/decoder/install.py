@@ -101,7 +101,8 @@ class _Installed:
 
     def build(self, model: torch.nn.Module) -> None:
         if self.gguf is not None:
-            self.decoder = KwkDecoder.from_gguf(self.gguf, self.max_batch, self.max_context)
+            self.decoder = KwkDecoder.from_gguf(self.gguf, self.max_batch, self.max_context,
+                                                kv_cache=self.build_kw.get("kv_cache", "f32"))  # fmt: skip
             _check_same_model(model, self.decoder, self.gguf)
         else:
             self.decoder = KwkDecoder.from_hf(model, self.precision, self.max_batch, self.max_context,
@@ -445,8 +446,9 @@ def install(
     """Runs ``model``'s forward and ``generate()`` on a KwkDecoder built from its weights. ``max_batch``
     sequences (batch rows) can be in flight at once, each up to ``max_context`` tokens (default: the model's
     ``max_position_embeddings`` capped at 4096). ``precision`` and the keywords (``calib=``, ``tokenizer=``,
-    ``formats=``, ``gptq=``, ``act_order=``) are ``KwkDecoder.from_hf``'s; ``gguf=FILE`` (a model loaded with
-    ``from_pretrained(..., gguf_file=FILE)``) runs the file's own tensors as stored instead (``KwkDecoder.from_gguf``).
+    ``formats=``, ``gptq=``, ``act_order=``, ``kv_cache=``) are ``KwkDecoder.from_hf``'s; ``gguf=FILE`` (a model
+    loaded with ``from_pretrained(..., gguf_file=FILE)``) runs the file's own tensors as stored instead
+    (``KwkDecoder.from_gguf``).
     ``prompt_cache``: a generate() whose prompt starts with what an idle slot holds (the previous turn of a
     chat) reads only the rest; the idle slots are the cache (least recently used reused first). Installing
     again rebuilds the decoder. Returns the model."""

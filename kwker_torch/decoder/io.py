@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from . import native
+from .common import kv_row_bytes
 
 SAVE_FORMAT = "kwker-decoder"
 # 2: tensors by table name and the recipe (issue 16), with an expert index per tensor since issue 17 (absent:
@@ -89,15 +90,17 @@ def _meta(path: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def load(cls: Any, path: str | os.PathLike[str], max_batch: int | None, max_context: int | None) -> Any:
+def load(cls: Any, path: str | os.PathLike[str], max_batch: int | None, max_context: int | None,
+         kv_cache: str | None = None) -> Any:  # fmt: skip
     meta = _meta(path)
     try:
-        return _load(cls, path, meta, max_batch, max_context)
+        return _load(cls, path, meta, max_batch, max_context, kv_cache)
     except (KeyError, TypeError, AttributeError) as exc:  # an edited or cut kwker.json: say so, not a traceback
         raise _bad(path, f"{META} lacks or has a malformed entry ({type(exc).__name__}: {exc})") from exc
 
 
-def _load(cls: Any, path: str | os.PathLike[str], meta: dict, max_batch: int | None, max_context: int | None) -> Any:
+def _load(cls: Any, path: str | os.PathLike[str], meta: dict, max_batch: int | None, max_context: int | None,
+          kv_cache: str | None) -> Any:  # fmt: skip
     from safetensors import safe_open
     from transformers import AutoConfig
 
@@ -109,8 +112,10 @@ def _load(cls: Any, path: str | os.PathLike[str], meta: dict, max_batch: int | N
     limits = dict(meta["limits"])
     slots = int(limits["slots"] if max_batch is None else max_batch)
     context = int(limits["max_context"] if max_context is None else max_context)
+    kv = limits.get("kv", "f32") if kv_cache is None else kv_cache
+    kv_row_bytes(kv, 1)  # an unknown format is the caller's error (ValueError naming the formats), not the file's
     try:
-        b = native.Builder(meta["recipe"], slots, context, int(limits["chunk_rows"]))
+        b = native.Builder(meta["recipe"], slots, context, int(limits["chunk_rows"]), kv)
     except ValueError as exc:
         raise _bad(path, str(exc).removeprefix("kwker: ")) from exc
     try:
@@ -141,6 +146,7 @@ def _load(cls: Any, path: str | os.PathLike[str], meta: dict, max_batch: int | N
                 raise _bad(path, str(exc).removeprefix("kwker: ")) from exc
     # Everything read from kwker.json before the build, so that a malformed entry cannot leak a handle.
     info, r, eos, family = dict(meta["info"]), meta["recipe"], meta["eos"], meta.get("family", "")
+    info["kv_cache"] = kv
     try:
         h = b.build()
     except ValueError as exc:

@@ -18,7 +18,7 @@ import torch
 
 from ..ops import native as _native
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 ERR_LEN = 2048
 
 LIB = _native.LIB
@@ -50,7 +50,7 @@ CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctyp
 _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "kwker_decoder_abi": (I32, [P, SZ, SZP, STR, SZ]),
     "kwker_recipe_tensors": (I32, [STR, P, SZ, SZP, STR, SZ]),
-    "kwker_decoder_builder": (P, [STR, I64, I64, I64, STR, SZ]),
+    "kwker_decoder_builder": (P, [STR, I64, I64, I64, STR, STR, SZ]),
     "kwker_decoder_set": (I32, [P, STR, I64, I64, STR, P, I64, I64, STR, P, STR, SZ]),
     "kwker_decoder_set_packed": (I32, [P, STR, I64, I64, STR, P, SZ, I64, I64, STR, SZ]),
     "kwker_decoder_set_coded": (I32, [P, STR, I64, I64, STR, P, P, I64, I64, P, STR, SZ]),
@@ -165,10 +165,11 @@ class Builder:
     """A decoder under construction: the recipe and limits, then tensors by name, then ``build()`` (a
     handle). Freed if not built."""
 
-    def __init__(self, recipe: dict[str, Any], slots: int, max_context: int, chunk_rows: int) -> None:
+    def __init__(self, recipe: dict[str, Any], slots: int, max_context: int, chunk_rows: int,
+                 kv_cache: str = "f32") -> None:  # fmt: skip
         self.err = err_buf()
-        self.b = LIB.kwker_decoder_builder(json.dumps(recipe).encode(), slots, max_context, chunk_rows, self.err,
-                                           ERR_LEN)  # fmt: skip
+        self.b = LIB.kwker_decoder_builder(json.dumps(recipe).encode(), slots, max_context, chunk_rows,
+                                           kv_cache.encode(), self.err, ERR_LEN)  # fmt: skip
         if not self.b:
             raise ValueError(f"kwker: {self.err.value.decode()}")
 

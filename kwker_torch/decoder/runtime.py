@@ -84,6 +84,7 @@ class KwkDecoder:
         formats: dict[str, str] | None = None,
         gptq: bool = False,
         act_order: bool = False,
+        kv_cache: str = "f32",
     ) -> Any:
         """Builds a decoder from a loaded Hugging Face causal LM of any family ``families.supported()`` lists
         (its weights are copied; the model is not changed). ``max_context`` defaults to the model's
@@ -95,6 +96,8 @@ class KwkDecoder:
         (4- and 8-bit formats). ``formats``: per-matrix overrides of the plan. ``gptq``: with ``calib``, each
         quantized matrix's codes chosen by GPTQ (``gptq.py``: column-by-column error compensation through the
         calibration inputs' Hessian); ``act_order``: GPTQ's columns in decreasing order of activation energy.
+        ``kv_cache``: how the KV cache stores K and V: "f32" (the default; logits within 1e-5 of float32), "bf16"
+        (half the bytes) or "q8" (int8 codes with a scale per head and position, about a quarter).
 
         Any other causal LM gets a ``compiled.CompiledDecoder`` (the compile backend's path: ``generate()`` with
         these arguments, precision "preserve" only), logged once."""
@@ -106,11 +109,12 @@ class KwkDecoder:
             # "auto": the compile path sizes its static cache per generate() call, up to its own limit.
             return compiled.CompiledDecoder(model, max_batch, None if max_context == "auto" else max_context)
         return build.from_hf(cls, model, precision, max_batch, max_context, calib=calib, tokenizer=tokenizer,
-                             formats=formats, gptq=gptq, act_order=act_order)  # fmt: skip
+                             formats=formats, gptq=gptq, act_order=act_order, kv_cache=kv_cache)  # fmt: skip
 
     @classmethod
     def from_gguf(
-        cls, path: str | os.PathLike[str], max_batch: int = 1, max_context: int | str | None = None
+        cls, path: str | os.PathLike[str], max_batch: int = 1, max_context: int | str | None = None,
+        kv_cache: str = "f32",
     ) -> KwkDecoder:
         """Builds a decoder from a llama.cpp GGUF file as it is: its quantized tensors repacked into this
         library's formats without changing a value where a format holds them (``gguf.py`` lists which),
@@ -118,7 +122,7 @@ class KwkDecoder:
         tokenizer loads with ``AutoTokenizer.from_pretrained(folder, gguf_file=name)``."""
         from . import gguf
 
-        return gguf.from_gguf(cls, path, max_batch, max_context)
+        return gguf.from_gguf(cls, path, max_batch, max_context, kv_cache)
 
     # ---- what save/load, the prompt cache and reports read
     @property
@@ -164,13 +168,14 @@ class KwkDecoder:
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], max_batch: int | None = None, max_context: int | None = None
+        cls, path: str | os.PathLike[str], max_batch: int | None = None, max_context: int | None = None,
+        kv_cache: str | None = None,
     ) -> KwkDecoder:
-        """A decoder saved by ``save``; ``max_batch`` / ``max_context`` default to the saved ones. A folder from
-        another kwker save format or with a damaged file raises ``ValueError`` saying which."""
+        """A decoder saved by ``save``; ``max_batch`` / ``max_context`` / ``kv_cache`` default to the saved ones. A
+        folder from another kwker save format or with a damaged file raises ``ValueError`` saying which."""
         from . import io
 
-        return io.load(cls, path, max_batch, max_context)
+        return io.load(cls, path, max_batch, max_context, kv_cache)
 
     def __del__(self) -> None:
         h = getattr(self, "_h", None)

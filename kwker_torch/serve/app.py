@@ -64,7 +64,8 @@ def build_engine(opts: ServeOptions, metrics: Metrics | None = None) -> Engine:
         from ..decoder.gguf import load_tokenizer
 
         _threads(opts)
-        dec = KwkDecoder.from_gguf(opts.model, max_batch=opts.slots, max_context=opts.max_context or "auto")
+        dec = KwkDecoder.from_gguf(opts.model, max_batch=opts.slots, max_context=opts.max_context or "auto",
+                                   kv_cache=opts.kv_cache)  # fmt: skip
         return _start(dec, load_tokenizer(opts.model), list(dec.eos_ids), opts, metrics)
     model, tok = load_model(opts)
     return engine_for(model, tok, opts, metrics)
@@ -99,7 +100,8 @@ def engine_for(model: Any, tok: Any, opts: ServeOptions, metrics: Metrics | None
         with open(opts.calib, encoding="utf-8", errors="replace") as f:
             calib = f.read()
     dec = KwkDecoder.from_hf(model, opts.precision, max_batch=opts.slots, max_context=opts.max_context or "auto",
-                             calib=calib, tokenizer=tok if calib is not None else None, gptq=opts.gptq)  # fmt: skip
+                             calib=calib, tokenizer=tok if calib is not None else None, gptq=opts.gptq,
+                             kv_cache=opts.kv_cache)  # fmt: skip
     return _start(dec, tok, eos_ids(model), opts, metrics)
 
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -86,6 +87,7 @@ from .quality_inputs import (  # noqa: F401  (the tool's public names, as before
 )
 
 REF_NAME = "hf-f32"
+KV_CACHES = ("f32", "bf16", "q8")  # the decoder's cache formats (kwker_torch.decoder.common.KV_CACHES)
 PRECISIONS = ("preserve", "balanced", "int8", "int4", "gguf")  # gguf: --model FILE.gguf's tensors as stored
 DEFAULT_PRECISION = "preserve"
 DEFAULT_CTX = 512
@@ -389,6 +391,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="text file(s), concatenated (default: the project's sample story, kwker_torch/texts/sample.txt)",
     )
     ap.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="chunk length in tokens (default 512)")
+    ap.add_argument("--kv-cache", nargs="+", default=["f32"], choices=KV_CACHES,
+                    help="KV cache format(s) of the kwker contenders, one contender each (default f32)")
     ap.add_argument("--chunks", type=int, default=None, help="score at most N chunks (default: all)")
     ap.add_argument("--gguf", nargs="+", default=None, metavar="FILE", help="also score these GGUFs with llama.cpp")
     ap.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
@@ -441,14 +445,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     quantized = [p for p in precisions if calib_ids is not None and p not in ("preserve", "gguf")]
     runs += [(p, calib_ids, False) for p in quantized]
     runs += [(p, calib_ids, True) for p in quantized if args.gptq]
+    kv_caches = list(dict.fromkeys(args.kv_cache))
     contenders: dict[str, LogitsFn] = {}
     formats: dict[str, str] = {REF_NAME: "float32"}
     bits: dict[str, float] = {REF_NAME: 32.0}
     setup: dict[str, float] = {}
     skipped: list[dict[str, str]] = []
     with contextlib.ExitStack() as stack:
-        for precision, calib, gptq in runs:
+        for (precision, calib, gptq), kv in itertools.product(runs, kv_caches):
             name = f"kwker {precision}" + ("+calib" if calib is not None else "") + ("+gptq" if gptq else "")
+            name += "" if kv == "f32" else f" kv {kv}"
             if formats_arg:
                 name += " [" + ",".join(args.formats) + "]"
             t0 = time.perf_counter()
@@ -460,9 +466,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                            "pass the file as --model FILE.gguf")  # fmt: skip
                     if calib is not None or formats_arg:
                         continue  # the file's own formats: nothing to calibrate or override
-                    contenders[name] = kwker_gguf_logits_fn(args.model, args.ctx, info)
+                    contenders[name] = kwker_gguf_logits_fn(args.model, args.ctx, info, kv)
                 else:
-                    contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg, gptq)
+                    contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg, gptq,
+                                                       kv)  # fmt: skip
                 formats[name] = "as stored" if precision == "gguf" else precision
                 bits[name] = info.get("bits_per_weight", float("nan"))
                 setup[name] = time.perf_counter() - t0

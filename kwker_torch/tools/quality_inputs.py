@@ -148,14 +148,14 @@ class DecoderUnavailable(QualityError):
     """kwker_torch.KwkDecoder does not import in this build."""
 
 
-def kwker_gguf_logits_fn(path: str, ctx: int, info: dict | None = None) -> LogitsFn:
+def kwker_gguf_logits_fn(path: str, ctx: int, info: dict | None = None, kv_cache: str = "f32") -> LogitsFn:
     """``KwkDecoder.from_gguf(path, max_context=ctx).score`` as a logits fn (the file's tensors as stored)."""
     try:
         from kwker_torch import KwkDecoder
     except ImportError as exc:
         raise DecoderUnavailable(f"kwker_torch.KwkDecoder is not available in this build ({exc})") from exc
     try:
-        dec = KwkDecoder.from_gguf(path, max_batch=1, max_context=ctx)
+        dec = KwkDecoder.from_gguf(path, max_batch=1, max_context=ctx, kv_cache=kv_cache)
     except (NotImplementedError, ValueError) as exc:
         raise QualityError(f"the kwker decoder cannot run {path} as it is: {exc}") from exc
     if info is not None:
@@ -165,7 +165,7 @@ def kwker_gguf_logits_fn(path: str, ctx: int, info: dict | None = None) -> Logit
 
 def kwker_logits_fn(
     model: Any, precision: str, ctx: int, calib: torch.Tensor | None = None, info: dict | None = None,
-    formats: dict[str, str] | None = None, gptq: bool = False,
+    formats: dict[str, str] | None = None, gptq: bool = False, kv_cache: str = "f32",
 ) -> LogitsFn:
     """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx, calib=..., formats=..., gptq=...)``
     ``.score``
@@ -181,6 +181,8 @@ def kwker_logits_fn(
         extra: dict[str, Any] = {"formats": formats} if formats else {}  # only when asked (stand-ins in tests)
         if gptq:
             extra["gptq"] = True
+        if kv_cache != "f32":
+            extra["kv_cache"] = kv_cache
         dec = KwkDecoder.from_hf(model, precision=precision, max_batch=1, max_context=ctx, calib=calib, **extra)
     except (NotImplementedError, ValueError) as exc:
         raise QualityError(f"the kwker decoder cannot run --precision {precision}: {exc}") from exc

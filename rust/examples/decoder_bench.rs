@@ -11,7 +11,8 @@ use std::time::Instant;
 use kwker_kernels::bf16::f32_to_bf16;
 use kwker_kernels::decoder::builder::{Builder, Data, Store};
 use kwker_kernels::decoder::recipe::{
-    Act, Biases, Block, LayerSpec, Limits, Mlp, Norm, NormKind, Placement, Positions, Recipe, Rope,
+    Act, Biases, Block, KvFormat, LayerSpec, Limits, Mlp, Norm, NormKind, Placement, Positions,
+    Recipe, Rope,
 };
 use kwker_kernels::decoder::tensors::Tensor;
 use kwker_kernels::decoder::weights::Mat;
@@ -143,6 +144,7 @@ fn build(s: &Shape, format: Option<Format>) -> Decoder {
         slots: 8,
         max_context: 1024,
         chunk_rows: 512,
+        kv: KvFormat::F32,
     };
     let mut b = Builder::new(recipe(s, d), limits).unwrap();
     b.set_threads(std::thread::available_parallelism().map_or(1, |n| n.get()));

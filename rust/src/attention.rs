@@ -19,6 +19,7 @@
 
 mod block;
 mod generic;
+mod kv_view;
 mod operands;
 mod stamp;
 
@@ -30,6 +31,7 @@ pub(crate) mod avx512;
 use crate::bf16::Element;
 use crate::isa::Isa;
 use crate::par::{run_tasks, Parallel, SyncPtr};
+pub use kv_view::KvView;
 pub(crate) use operands::{PvArgs, QkArgs};
 
 /// A strided 4-D view. `strides` are in elements; `strides[3]` must be 1 (rows contiguous)
@@ -189,8 +191,23 @@ pub fn attention<E: Element>(
     params: &AttnParams,
     out: &mut [E],
 ) {
+    attention_kv(isa, par, q, KvView::Elem(k), KvView::Elem(v), params, out)
+}
+
+/// `attention` over K and V in a cache's own format (`KvView`: f32, bf16 or int8 rows with a scale
+/// each), widened to f32 a chunk of keys at a time. Same contract; the bf16 rounding of the softmax
+/// numerators applies only where q, K and V are all bf16 (the torch op), not to a bf16 cache.
+pub fn attention_kv<E: Element>(
+    isa: Isa,
+    par: &dyn Parallel,
+    q: View4<'_, E>,
+    k: KvView<'_, E>,
+    v: KvView<'_, E>,
+    params: &AttnParams,
+    out: &mut [E],
+) {
     let [b, hq, t, d] = q.dims;
-    let [kb, hkv, s, kd] = k.dims;
+    let [kb, hkv, s, kd] = k.dims();
     let total = q
         .dims
         .iter()
@@ -207,14 +224,16 @@ pub fn attention<E: Element>(
         return;
     }
     assert_eq!(
-        k.dims, v.dims,
+        k.dims(),
+        v.dims(),
         "decode_attention: k dims {:?} differ from v dims {:?}",
-        k.dims, v.dims
+        k.dims(),
+        v.dims()
     );
     assert!(
         kb == b && kd == d,
         "decode_attention: k/v dims {:?} do not match q dims {:?} in batch or head size",
-        k.dims,
+        k.dims(),
         q.dims
     );
     assert!(

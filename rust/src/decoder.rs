@@ -21,6 +21,7 @@ pub mod cache;
 pub mod ctx;
 pub mod forward;
 pub mod generate;
+pub mod kv_store;
 pub mod layer;
 pub mod linear;
 pub mod lookup;
@@ -139,8 +140,8 @@ impl Decoder {
     /// Bytes of K and V one slot holds at `max_context` (windowed layers hold only their window), and
     /// the bytes each further token adds (its global layers').
     pub fn kv_bytes(&self) -> (usize, usize) {
-        let per_token = cache::kv_bytes(&self.recipe, &self.limits).map_or(0, |b| b.1);
-        (self.cache.floats_per_slot() * 4, per_token)
+        // The cache was allocated from the same sizes, so they cannot overflow here.
+        cache::kv_bytes(&self.recipe, &self.limits).unwrap_or((0, 0))
     }
 
     /// Keeps the first `len` tokens of a slot (0 empties it).

@@ -130,6 +130,7 @@ fn build(r: &Recipe, seed: u64) -> Decoder {
         slots: 2,
         max_context: 32,
         chunk_rows: 4,
+        kv: KvFormat::F32,
     };
     build_with(r, seed, limits)
 }
@@ -243,6 +244,7 @@ fn the_builder_names_what_is_wrong() {
         slots: 1,
         max_context: 8,
         chunk_rows: 8,
+        kv: KvFormat::F32,
     };
     let mut b = Builder::new(r.clone(), limits).unwrap();
     let v = vec![0.5f32; 64 * 32];
@@ -512,6 +514,7 @@ fn a_long_window_runs_expert_after_expert_with_the_grouped_rows_numbers() {
         slots: 1,
         max_context: 64,
         chunk_rows: 40,
+        kv: KvFormat::F32,
     };
     let mut dec = build_with(&r, 15, limits);
     let sparse = r.layer_specs.iter().filter(|s| s.sparse).count() as u64;

@@ -1,5 +1,5 @@
-//! Sliding-window layers keep only their window (`decoder/cache.rs`): a decoder whose windowed layer
-//! holds 74 positions (window 3, `KEEP` 64, two chunks of 4 rows) gives the same logits, bit for bit,
+//! Sliding-window layers keep only their window (`decoder/cache.rs`), in every cache format (f32,
+//! bf16, q8): a decoder whose windowed layer holds 74 positions (window 3, `KEEP` 64, two chunks of 4 rows) gives the same logits, bit for bit,
 //! as one whose layers hold the whole context, over 150 tokens (two moves of the window's keys), after
 //! a truncate back past the window's edge within `KEEP`, and in a slot given a prefix by `copy_prefix`;
 //! a truncate further back than the kept keys is refused with a message naming what to do, and the
@@ -8,20 +8,21 @@
 mod common;
 
 use common::recipes::{base, build_with};
-use kwker_kernels::decoder::recipe::Limits;
+use kwker_kernels::decoder::recipe::{KvFormat, Limits};
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
 use kwker_kernels::isa::{self, Isa};
 use kwker_kernels::par::Serial;
 
 const CONTEXT: usize = 200;
 
-fn decoders() -> (Decoder, Decoder) {
+fn decoders(kv: KvFormat) -> (Decoder, Decoder) {
     let mut r = base(2);
     r.layer_specs[0].window = Some(3); // layer 1 stays global
     let lim = |chunk_rows| Limits {
         slots: 2,
         max_context: CONTEXT,
         chunk_rows,
+        kv,
     };
     // chunk_rows 4: the windowed layer holds 2 + 64 + 8 = 74 positions. chunk_rows 100: it would hold
     // 266, so it holds the whole context (the reference). Steps here have at most 4 rows, so both read
@@ -57,11 +58,19 @@ fn tokens(n: usize, seed: u32) -> Vec<u32> {
 
 #[test]
 fn a_window_held_alone_gives_the_whole_contexts_logits() {
-    for tier in isa::supported() {
-        let (mut small, mut full) = decoders();
+    let formats = [
+        (KvFormat::F32, 16 * 4),
+        (KvFormat::Bf16, 16 * 2),
+        (KvFormat::Q8, 16 + 4),
+    ];
+    for (tier, (kv, row_bytes)) in isa::supported()
+        .into_iter()
+        .flat_map(|t| formats.map(|f| (t, f)))
+    {
+        let (mut small, mut full) = decoders(kv);
         let (a, b) = (&mut small, &mut full);
         let (bytes, per_token) = a.kv_bytes();
-        let per_position = 2 * 2 * 16 * 4; // k and v, kv_heads 2, head_dim 16, f32
+        let per_position = 2 * 2 * row_bytes; // k and v, kv_heads 2, head_dim 16
         assert_eq!(bytes, (74 + CONTEXT) * per_position);
         assert_eq!(
             per_token, per_position,

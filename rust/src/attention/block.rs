@@ -15,8 +15,9 @@
 
 use std::ops::Range;
 
+use super::kv_view::{kv_rows_f32, rows_f32, KvView};
 use super::{AttnParams, Ops, PvArgs, QkArgs, View4};
-use crate::bf16::{bf16_to_f32, classify, f32_to_bf16, ElemSlice, Element};
+use crate::bf16::{bf16_to_f32, classify, f32_to_bf16, Element};
 use crate::par::SyncPtr;
 use crate::scratch::with_scratch;
 
@@ -41,49 +42,6 @@ pub(crate) enum Sink<E> {
     Partial(SyncPtr<f32>),
 }
 
-/// Rows s0..s0+n of (b, h) as f32, with their row stride: borrowed in place when E is f32,
-/// widened into `buf` (stride d) otherwise.
-#[allow(clippy::too_many_arguments)]
-fn rows_f32<'r, E: Element>(
-    ops: &Ops,
-    data: &ElemSlice<'r, E>,
-    view: &View4<'_, E>,
-    b: usize,
-    h: usize,
-    s0: usize,
-    n: usize,
-    buf: &'r mut [f32],
-) -> (&'r [f32], usize) {
-    let d = view.dims[3];
-    let ld = view.strides[2];
-    let off = view.offset(b, h, s0);
-    match data {
-        ElemSlice::F32(s) => (&s[off..off + (n - 1) * ld + d], ld),
-        ElemSlice::Bf16(s) if ld == d => {
-            // Contiguous rows: one call for the whole chunk.
-            // SAFETY: `ops` belongs to an ISA the CPU supports (attend's contract).
-            unsafe { (ops.widen_bf16)(&s[off..off + n * d], &mut buf[..n * d]) };
-            (&buf[..n * d], d)
-        }
-        ElemSlice::Bf16(s) => {
-            for (i, dst) in buf[..n * d].chunks_exact_mut(d).enumerate() {
-                let src = &s[off + i * ld..off + i * ld + d];
-                // SAFETY: as above.
-                unsafe { (ops.widen_bf16)(src, dst) };
-            }
-            (&buf[..n * d], d)
-        }
-        ElemSlice::Other(s) => {
-            for (i, dst) in buf[..n * d].chunks_exact_mut(d).enumerate() {
-                for (o, x) in dst.iter_mut().zip(&s[off + i * ld..off + i * ld + d]) {
-                    *o = x.to_f32();
-                }
-            }
-            (&buf[..n * d], d)
-        }
-    }
-}
-
 /// Offset of (b, h, t, 0) in the contiguous output.
 fn out_offset(dims: &[usize; 4], b: usize, h: usize, t: usize) -> usize {
     ((b * dims[1] + h) * dims[2] + t) * dims[3]
@@ -99,8 +57,8 @@ fn out_offset(dims: &[usize; 4], b: usize, h: usize, t: usize) -> usize {
 pub(crate) unsafe fn attend<E: Element>(
     ops: &Ops,
     q: &View4<'_, E>,
-    k: &View4<'_, E>,
-    v: &View4<'_, E>,
+    k: &KvView<'_, E>,
+    v: &KvView<'_, E>,
     params: &AttnParams,
     sink: Sink<E>,
     job: &Block,
@@ -110,7 +68,7 @@ pub(crate) unsafe fn attend<E: Element>(
     let rows = nh * job.tokens.len();
     let scale = params.scale;
     // Query t sees keys lo(t)..=base + t, lo(t) = 0 without a window.
-    let base = k.dims[2] - q.dims[2];
+    let base = k.dims()[2] - q.dims[2];
     let window = params.window.unwrap_or(usize::MAX);
     let lo = |t: usize| (base + t + 1).saturating_sub(window);
     let ks = job.keys.start.max(lo(job.tokens.start));
@@ -124,8 +82,9 @@ pub(crate) unsafe fn attend<E: Element>(
     };
     let first_row = |s: usize| s.saturating_sub(base + job.tokens.start) * nh;
 
-    let (qd, kd, vd) = (classify(q.data), classify(k.data), classify(v.data));
-    let round_p = matches!(vd, ElemSlice::Bf16(_));
+    let qd = classify(q.data);
+    // The torch op's bf16 attention rounds the numerators (below); a bf16 cache under f32 queries does not.
+    let round_p = v.is_bf16_elem();
     let len = 2 * rows * d + rows * nkeys + KEY_CHUNK * d + 2 * rows;
     with_scratch(len, |buf| {
         let (qbuf, rest) = buf.split_at_mut(rows * d);
@@ -148,7 +107,7 @@ pub(crate) unsafe fn attend<E: Element>(
         for s0 in (ks..ke).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(ke - s0);
             let r0 = first_row(s0);
-            let (kc, ldk) = rows_f32(ops, &kd, k, job.b, job.kv_head, s0, n, chunk);
+            let (kc, ldk) = kv_rows_f32(ops, k, job.b, job.kv_head, s0, n, chunk);
             (ops.qk)(QkArgs {
                 q: &qbuf[r0 * d..rows * d],
                 rows: rows - r0,
@@ -192,7 +151,7 @@ pub(crate) unsafe fn attend<E: Element>(
         acc.fill(0.0);
         for s0 in (ks..ke).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(ke - s0);
-            let (vc, ldv) = rows_f32(ops, &vd, v, job.b, job.kv_head, s0, n, chunk);
+            let (vc, ldv) = kv_rows_f32(ops, v, job.b, job.kv_head, s0, n, chunk);
             let c0 = s0 - ks; // this chunk's keys, relative to ks: c0..c0 + n
             let range = |r: usize| {
                 let (from, to) = seen(r);

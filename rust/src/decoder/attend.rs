@@ -19,7 +19,7 @@ use super::ops;
 use super::recipe::{QkNorm, QkScope};
 use super::rope::Table;
 use super::tensors::Tensor;
-use crate::attention::{attention, AttnParams, View4};
+use crate::attention::{attention_kv, AttnParams, View4};
 use crate::isa::Isa;
 use crate::par::{rows_mut, Parallel, Serial, SyncPtr};
 
@@ -172,12 +172,11 @@ fn attend(
     params: &AttnParams,
 ) {
     let r = model.r;
-    let (d, hq, hkv) = (r.head_dim, r.heads, r.kv_heads);
+    let (d, hq) = (r.head_dim, r.heads);
     let (qkvw, qw) = (r.qkv_width(), r.q_width());
-    let ctx = cache.capacity(layer);
-    let (kb, vb, base) = cache.layer(g.slot, layer);
     let n = g.rows.len();
-    // The first key the segment's first row sees (its window's start), and the keys up to its last.
+    // The first key the segment's first row sees (its window's start), and the keys up to its last;
+    // a windowed layer still holds them (`cache.rs`).
     let key0 = params.window.map_or(0, |w| (g.pos0 + 1).saturating_sub(w));
     let keys = g.pos0 + n - key0;
     let q = View4 {
@@ -185,20 +184,14 @@ fn attend(
         dims: [1, hq, n, d],
         strides: [n * qkvw, d, qkvw, 1],
     };
-    let kv = |b| View4 {
-        data: b,
-        dims: [1, hkv, keys, d],
-        strides: [hkv * ctx * d, ctx * d, d, 1],
-    };
-    // A windowed layer holds keys from cache index `base` on (`cache.rs`); key0 >= base always.
-    let (k, v) = (kv(&kb[(key0 - base) * d..]), kv(&vb[(key0 - base) * d..]));
+    let [k, v] = cache.views(g.slot, layer, key0, keys);
     if n == 1 {
         // One token: [heads][1][d] is already the row layout.
-        attention(isa, par, q, k, v, params, &mut out[..qw]);
+        attention_kv(isa, par, q, k, v, params, &mut out[..qw]);
         return;
     }
     let o = &mut tmp[..hq * n * d];
-    attention(isa, par, q, k, v, params, o);
+    attention_kv(isa, par, q, k, v, params, o);
     // [heads][tokens][d] -> rows [tokens][heads * d]
     for t in 0..n {
         for h in 0..hq {

@@ -1,9 +1,11 @@
 //! Per-slot KV cache and token history, preallocated at construction.
 //!
-//! dtype: f32. The decoder's activations are f32 (`precision="preserve"`), and rounding K and V to
-//! bf16 would move the logits by ~1e-3 relative, a hundred times the 1e-5 the decoder promises
-//! against the model's float32 forward. Memory is allocated zeroed (untouched pages cost nothing
-//! until a slot's context reaches them).
+//! Format (`KvFormat`, `kv_store.rs`): f32 by default: the decoder's activations are f32
+//! (`precision="preserve"`), and rounding K and V to bf16 moves the logits by ~1e-3 relative, a hundred
+//! times the 1e-5 the decoder promises against the model's float32 forward. bf16 (half the bytes) and
+//! int8 codes with a scale per head and position (0.27x at head_dim 64) are chosen by the caller, their
+//! cost measured. Memory is allocated zeroed (untouched pages cost nothing until a slot's context
+//! reaches them).
 //!
 //! Layout per slot: [layer][k|v][kv_head][position][head_dim], so the keys one head attends over are
 //! contiguous. A global layer holds `max_context` positions. A sliding-window layer of w keys holds
@@ -16,7 +18,9 @@
 //! before a moved-out key; `min_len` says how far back it can go, and both verbs refuse beyond it.
 //! Each slot also keeps the tokens it holds (for prefix reuse by later callers).
 
+use super::kv_store::KvStore;
 use super::recipe::{Limits, Recipe};
+use crate::attention::KvView;
 
 /// Keys older than a window that a windowed layer keeps, so a slot can be truncated back by up to
 /// this many tokens past its window: a step's rejected drafts (`lookup::MAX_DRAFT`).
@@ -33,30 +37,13 @@ pub fn window_capacity(window: Option<usize>, lim: &Limits) -> usize {
 }
 
 pub struct Slot {
-    kv: Vec<f32>,
+    kv: KvStore,
     tokens: Vec<u32>,
     /// Per layer: the cache index held at position 0 of the layer's block (0 for global layers).
     base: Vec<usize>,
     /// Rotary position of the next token (its cache index unless the caller set another, e.g. the
     /// column of a left-padded row in a Hugging Face batch).
     next_pos: usize,
-}
-
-/// `n` zeroed f32s from the allocator's zeroed path (fresh pages from the OS stay untouched, so a slot
-/// costs memory only as far as its context is used), or None when the allocation fails.
-fn zeroed(n: usize) -> Option<Vec<f32>> {
-    if n == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
-    // SAFETY: the layout has a non-zero size (n > 0).
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) } as *mut f32;
-    if ptr.is_null() {
-        return None;
-    }
-    // SAFETY: ptr was allocated by the global allocator with the layout of [f32; n] (exactly what a
-    // Vec<f32> of capacity n uses), and all n values are initialised (zero bits are 0.0f32).
-    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
 /// One layer's place in a slot: its window, how many positions it holds and where its K block starts.
@@ -79,12 +66,13 @@ pub struct KvCache {
     layers: Vec<LayerBlock>,
     kv_heads: usize,
     head_dim: usize,
-    per_slot: usize,
 }
 
-/// Bytes of K and V one slot holds (float32), and bytes each further token adds (its global layers).
+/// Bytes of K and V one slot holds, and bytes each further token adds (its global layers).
 pub fn kv_bytes(r: &Recipe, lim: &Limits) -> Option<(usize, usize)> {
-    let per_position = 2usize.checked_mul(r.kv_heads)?.checked_mul(r.head_dim)? * 4;
+    let per_position = 2usize
+        .checked_mul(r.kv_heads)?
+        .checked_mul(lim.kv.row_bytes(r.head_dim))?;
     let (mut slot, mut token) = (0usize, 0usize);
     for spec in &r.layer_specs {
         let cap = window_capacity(spec.window, lim);
@@ -117,10 +105,10 @@ impl KvCache {
         let per_slot = at;
         let mut slots = Vec::with_capacity(lim.slots);
         for _ in 0..lim.slots {
-            let kv = zeroed(per_slot).ok_or_else(|| {
+            let kv = KvStore::zeroed(lim.kv, per_slot, r.head_dim).ok_or_else(|| {
                 format!(
                     "cannot allocate a KV cache of {} MB per slot; lower max_context or max_batch",
-                    (per_slot * 4) >> 20
+                    kv_bytes(r, lim).map_or(0, |b| b.0) >> 20
                 )
             })?;
             slots.push(Slot {
@@ -135,17 +123,11 @@ impl KvCache {
             layers,
             kv_heads: r.kv_heads,
             head_dim: r.head_dim,
-            per_slot,
         })
     }
 
     pub fn n_slots(&self) -> usize {
         self.slots.len()
-    }
-
-    /// Floats of K and V one slot holds.
-    pub fn floats_per_slot(&self) -> usize {
-        self.per_slot
     }
 
     pub fn len(&self, slot: usize) -> usize {
@@ -161,18 +143,16 @@ impl KvCache {
         self.layers[l].capacity * self.head_dim
     }
 
-    /// Layer `l`'s K and V blocks of a slot, each [kv_heads][capacity][head_dim], and the cache index
-    /// of their position 0 (keys of index i sit at position i - base).
-    pub fn layer(&self, slot: usize, l: usize) -> (&[f32], &[f32], usize) {
-        let n = self.kv_heads * self.head_len(l);
-        let k0 = self.layers[l].offset;
+    /// Layer `l`'s K and V of a slot from cache index `key0` (held: `key0 >= base`) for `keys` keys,
+    /// as views [1, kv_heads, keys, head_dim] for the attention kernels.
+    pub fn views(&self, slot: usize, l: usize, key0: usize, keys: usize) -> [KvView<'_, f32>; 2] {
+        let (d, head) = (self.head_dim, self.head_len(l));
         let s = &self.slots[slot];
-        (&s.kv[k0..k0 + n], &s.kv[k0 + n..k0 + 2 * n], s.base[l])
-    }
-
-    /// Positions per head in layer `l`'s blocks (the row stride of its heads is this * head_dim).
-    pub fn capacity(&self, l: usize) -> usize {
-        self.layers[l].capacity
+        let at = self.layers[l].offset + (key0 - s.base[l]) * d;
+        let dims = [1, self.kv_heads, keys, d];
+        let strides = [self.kv_heads * head, head, d, 1];
+        let v = at + self.kv_heads * head;
+        [s.kv.view(at, dims, strides), s.kv.view(v, dims, strides)]
     }
 
     /// Makes room in every windowed layer of a slot for `n` rows from cache index `first` on (a step's
@@ -193,7 +173,7 @@ impl KvCache {
             let head = lb.capacity * d;
             for h in 0..2 * hd {
                 let at = lb.offset + h * head;
-                s.kv.copy_within(at + from * d..at + (from + count) * d, at);
+                s.kv.copy_within(at + from * d..at + (from + count) * d, at, d);
             }
             s.base[l] = keep0;
         }
@@ -209,8 +189,8 @@ impl KvCache {
         let at0 = (index - s.base[l]) * d;
         for h in 0..self.kv_heads {
             let at = h * head + at0;
-            s.kv[k0 + at..k0 + at + d].copy_from_slice(&k[h * d..(h + 1) * d]);
-            s.kv[v0 + at..v0 + at + d].copy_from_slice(&v[h * d..(h + 1) * d]);
+            s.kv.write_row(k0 + at, &k[h * d..(h + 1) * d]);
+            s.kv.write_row(v0 + at, &v[h * d..(h + 1) * d]);
         }
     }
 
@@ -301,7 +281,7 @@ impl KvCache {
             let head = lb.capacity * d;
             for h in 0..2 * self.kv_heads {
                 let at = lb.offset + h * head;
-                to.kv[at..at + n].copy_from_slice(&from.kv[at..at + n]);
+                to.kv.copy_from(&from.kv, at..at + n, d);
             }
             to.base[l] = base;
         }

@@ -485,13 +485,49 @@ impl Recipe {
     }
 }
 
+/// How the KV cache stores K and V (`cache.rs`): float32 (the 1e-5 contract), bf16 (half the bytes), or
+/// int8 codes with one f32 scale per head and position (0.27x float32 at head_dim 64).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvFormat {
+    #[default]
+    F32,
+    Bf16,
+    Q8,
+}
+
+impl KvFormat {
+    /// The format named `name` ("f32", "bf16", "q8").
+    pub fn parse(name: &str) -> Result<KvFormat, String> {
+        match name {
+            "f32" => Ok(KvFormat::F32),
+            "bf16" => Ok(KvFormat::Bf16),
+            "q8" => Ok(KvFormat::Q8),
+            _ => Err(format!(
+                "unknown KV cache format {name:?}: expected \"f32\", \"bf16\" or \"q8\""
+            )),
+        }
+    }
+
+    /// Bytes one head's row of `d` values takes.
+    pub fn row_bytes(self, d: usize) -> usize {
+        match self {
+            KvFormat::F32 => 4 * d,
+            KvFormat::Bf16 => 2 * d,
+            KvFormat::Q8 => d + 4,
+        }
+    }
+}
+
 /// The decoder's own limits (not part of the model): sequence slots, positions per slot, rows per
-/// pass over the weights.
+/// pass over the weights, and how the cache stores K and V.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     pub slots: usize,
     pub max_context: usize,
     pub chunk_rows: usize,
+    #[serde(default)]
+    pub kv: KvFormat,
 }
 
 impl Limits {

@@ -1,0 +1,101 @@
+//! Attention over K and V in a cache's own format (`attention_kv`): bf16 rows and int8 rows with a scale
+//! each give, bit for bit, the f32 attention over the values they stand for (widening is exact for bf16,
+//! and `scale * code` for int8 in both), in every tier, over awkward shapes (1 and 65 keys, a split cache
+//! of 1,100 keys, head sizes 16 and 80, grouped heads, a window, several query tokens); and a bf16 cache
+//! under f32 queries does not round the softmax numerators as the all-bf16 torch op does.
+
+mod common;
+
+use common::Rng;
+use kwker_kernels::attention::{attention, attention_kv, AttnParams, KvView, View4};
+use kwker_kernels::bf16::{bf16_to_f32, Bf16};
+use kwker_kernels::isa;
+use kwker_kernels::par::{ScopedThreads, Serial};
+
+/// Codes and scales of rows of `d` values (one scale per row), and the values they stand for.
+fn q8_rows(x: &[f32], d: usize) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
+    let (mut codes, mut scales, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    for row in x.chunks_exact(d) {
+        let scale = row.iter().fold(0.0f32, |m, y| m.max(y.abs())) / 127.0;
+        scales.push(scale);
+        for &y in row {
+            let c = (y / scale).round().clamp(-127.0, 127.0) as i8;
+            codes.push(c);
+            values.push(scale * c as f32);
+        }
+    }
+    (codes, scales, values)
+}
+
+#[test]
+fn stored_formats_equal_f32_attention_over_their_values() {
+    let mut rng = Rng::new(3);
+    let threads = ScopedThreads(2);
+    for tier in isa::supported() {
+        for (hq, hkv, t, s, d, window) in [
+            (1, 1, 1, 1, 16, None),
+            (4, 2, 1, 65, 80, None),
+            (6, 2, 3, 1100, 16, None),
+            (2, 1, 5, 130, 80, Some(7)),
+        ] {
+            let q = rng.vec(hq * t * d);
+            let kv_len = hkv * s * d;
+            let (k, v) = (rng.vec(kv_len), rng.vec(kv_len));
+            let params = AttnParams {
+                scale: 0.3,
+                softcap: None,
+                window,
+            };
+            let dims = [1, hkv, s, d];
+            let qv = View4::contiguous(&q, [1, hq, t, d]);
+            let run_f32 = |k: &[f32], v: &[f32]| {
+                let mut out = vec![0.0f32; hq * t * d];
+                let (kv, vv) = (View4::contiguous(k, dims), View4::contiguous(v, dims));
+                attention(tier, &threads, qv, kv, vv, &params, &mut out);
+                out
+            };
+            let run = |k: KvView<'_, f32>, v: KvView<'_, f32>| {
+                let mut out = vec![0.0f32; hq * t * d];
+                attention_kv(tier, &Serial, qv, k, v, &params, &mut out);
+                out
+            };
+            let at = format!("{} hq {hq} hkv {hkv} t {t} s {s} d {d}", tier.name());
+
+            // bf16 rows.
+            let to_bf16 = |x: &[f32]| -> Vec<Bf16> {
+                x.iter()
+                    .map(|&y| Bf16(kwker_kernels::bf16::f32_to_bf16(y)))
+                    .collect()
+            };
+            let (kb, vb) = (to_bf16(&k), to_bf16(&v));
+            let widen = |x: &[Bf16]| x.iter().map(|b| bf16_to_f32(b.0)).collect::<Vec<_>>();
+            let want = run_f32(&widen(&kb), &widen(&vb));
+            let got = run(
+                KvView::Bf16(View4::contiguous(&kb, dims)),
+                KvView::Bf16(View4::contiguous(&vb, dims)),
+            );
+            assert_eq!(bits(&got), bits(&want), "bf16, {at}");
+
+            // int8 rows with a scale each.
+            let (kc, ks, kvals) = q8_rows(&k, d);
+            let (vc, vs, vvals) = q8_rows(&v, d);
+            let want = run_f32(&kvals, &vvals);
+            let sdims = [1, hkv, s, 1];
+            let got = run(
+                KvView::Q8 {
+                    codes: View4::contiguous(&kc, dims),
+                    scales: View4::contiguous(&ks, sdims),
+                },
+                KvView::Q8 {
+                    codes: View4::contiguous(&vc, dims),
+                    scales: View4::contiguous(&vs, sdims),
+                },
+            );
+            assert_eq!(bits(&got), bits(&want), "q8, {at}");
+        }
+    }
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
