@@ -499,7 +499,7 @@ def _install_compiled(model: torch.nn.Module, precision: str, max_batch: int, ma
     from . import compiled
 
     if precision != "preserve" or build_kw:
-        raise compiled.refuse(model, f"precision={precision!r} (or calib=, formats=)")
+        raise compiled.refuse(model, f"precision={precision!r} (or calib=, formats=, kv_cache=)")
     if not compiled.compilable(model):
         _log_once(f"{compiled.describe(model)} is outside the recipe and transformers cannot run it on a static cache; "
                   "it keeps its own forward (kwker_torch.torch_ops.install() routes its linears to kwker)")  # fmt: skip

@@ -104,8 +104,8 @@ class KwkDecoder:
         from . import build, compiled, families
 
         if not families.maps(model) and compiled.is_causal_lm(model):
-            if precision != "preserve" or calib is not None or formats is not None or gptq:
-                raise compiled.refuse(model, f"precision={precision!r} (or calib=, formats=, gptq=)")
+            if precision != "preserve" or calib is not None or formats is not None or gptq or kv_cache != "f32":
+                raise compiled.refuse(model, f"precision={precision!r} (or calib=, formats=, gptq=, kv_cache=)")
             # "auto": the compile path sizes its static cache per generate() call, up to its own limit.
             return compiled.CompiledDecoder(model, max_batch, None if max_context == "auto" else max_context)
         return build.from_hf(cls, model, precision, max_batch, max_context, calib=calib, tokenizer=tokenizer,
