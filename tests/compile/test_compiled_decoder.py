@@ -160,6 +160,9 @@ def test_what_needs_the_recipe_is_refused_naming_the_architecture(tmp_path: Any)
         KwkDecoder.from_hf(model, "int4")
     with pytest.raises(ValueError, match=named + ".*precision='int8'"):
         decode.install(model, "int8")
+    for build in (lambda: KwkDecoder.from_hf(model, kv_cache="q8"), lambda: decode.install(model, kv_cache="bf16")):
+        with pytest.raises(ValueError, match=named + ".*kv_cache="):
+            build()
     dec = KwkDecoder.from_hf(model)
     for call, what in ((lambda: dec.step([(0, [5])]), "step()"), (lambda: dec.save(tmp_path), "save()"),
                        (lambda: dec.generate(prompt(), 4, prompt_lookup=8), "prompt lookup")):  # fmt: skip
