@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from . import families, native, plan
-from .common import CHUNK_ROWS, PRECISIONS, eos_ids, kv_cache_bytes, kv_row_bytes, mem_total
+from .common import CHUNK_ROWS, PRECISIONS, eos_ids, kv_cache_bytes, kv_row_bytes, mem_total, meminfo
 
 log = logging.getLogger("kwker_torch")
 
@@ -52,15 +52,8 @@ def check_model(model: torch.nn.Module) -> tuple[families.Family, dict[str, Any]
 
 
 def mem_available() -> int | None:
-    """Bytes of RAM free for new allocations (Linux's MemAvailable), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    """Bytes of RAM free for new allocations (MemAvailable), or None where it cannot be read."""
+    return meminfo("MemAvailable")
 
 
 def context_that_fits(recipe: dict[str, Any], trained: int, max_batch: int, kv_cache: str = "f32",

@@ -69,13 +69,18 @@ def eos_ids(model: torch.nn.Module) -> list[int]:
     return []
 
 
-def mem_total() -> int | None:
-    """Bytes of RAM this machine has (Linux's MemTotal), or None where it cannot be read."""
+def meminfo(field: str) -> int | None:
+    """Bytes Linux's /proc/meminfo gives for ``field`` ("MemTotal", "MemAvailable"), or None where it cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
+
+
+def mem_total() -> int | None:
+    """Bytes of RAM this machine has (MemTotal), or None where it cannot be read."""
+    return meminfo("MemTotal")
