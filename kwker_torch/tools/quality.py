@@ -70,6 +70,7 @@ from typing import Any
 
 import torch
 
+from ..decoder.common import KV_CACHES
 from .quality_inputs import (  # noqa: F401  (the tool's public names, as before the split)
     DEFAULT_TEXT,
     DecoderUnavailable,
@@ -87,7 +88,6 @@ from .quality_inputs import (  # noqa: F401  (the tool's public names, as before
 )
 
 REF_NAME = "hf-f32"
-KV_CACHES = ("f32", "bf16", "q8")  # the decoder's cache formats (kwker_torch.decoder.common.KV_CACHES)
 PRECISIONS = ("preserve", "balanced", "int8", "int4", "gguf")  # gguf: --model FILE.gguf's tensors as stored
 DEFAULT_PRECISION = "preserve"
 DEFAULT_CTX = 512
