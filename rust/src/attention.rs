@@ -101,6 +101,8 @@ pub(crate) struct Ops {
     pub exp_sum: unsafe fn(&mut [f32]) -> (f32, f32),
     /// dst[i] = widened src[i].
     pub widen_bf16: unsafe fn(&[u16], &mut [f32]),
+    /// dst[i] = scale * codes[i] (a row of an 8-bit cache).
+    pub widen_q8: unsafe fn(&[i8], f32, &mut [f32]),
     /// x[i] = tanh(x[i] / cap) * cap.
     pub softcap: unsafe fn(&mut [f32], f32),
 }
@@ -114,6 +116,7 @@ macro_rules! tier_ops {
             pv_rows: $tier::pv_rows,
             exp_sum: $tier::exp_sum,
             widen_bf16: $tier::widen_bf16,
+            widen_q8: $tier::widen_q8,
             softcap: crate::vmath::$tier::softcap,
         }
     };
@@ -418,6 +421,25 @@ mod tests {
                         assert_eq!(bits(&acc_many), bits(&acc_one), "pv_rows, {at}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Every tier's 8-bit widening equals the scalar reference bit for bit, tails included.
+    #[test]
+    fn widen_q8_equals_the_scalar_reference_on_every_tier() {
+        let codes: Vec<i8> = (0..300)
+            .map(|i| ((i * 37 + 11) % 256) as u8 as i8)
+            .collect();
+        for tier in isa::supported() {
+            let ops = Ops::of(tier);
+            for n in [0, 1, 7, 8, 15, 16, 17, 63, 64, 65, 128, 300] {
+                let (mut fast, mut reference) = (vec![9.0f32; n], vec![0.0f32; n]);
+                // SAFETY: the tier is supported and both slices hold n values.
+                unsafe { (ops.widen_q8)(&codes[..n], 0.013_7, &mut fast) };
+                super::generic::widen_q8(&codes[..n], 0.013_7, &mut reference);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&reference), "{} n {n}", tier.name());
             }
         }
     }

@@ -320,6 +320,29 @@ pub unsafe fn exp_sum(row: &mut [f32]) -> (f32, f32) {
     (max, hsum(sum))
 }
 
+/// dst[i] = scale * codes[i], as `generic::widen_q8` bit for bit (the same one product).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn widen_q8(codes: &[i8], scale: f32, dst: &mut [f32]) {
+    let n = codes.len();
+    assert_eq!(n, dst.len(), "widen_q8: length mismatch");
+    let sv = _mm256_set1_ps(scale);
+    let n8 = n / 8 * 8;
+    let mut i = 0;
+    while i < n8 {
+        // 8 codes (one 64-bit load) sign-extended to 8 int32 lanes, converted exactly.
+        let c = _mm_loadl_epi64(codes.as_ptr().add(i).cast());
+        let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c));
+        _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_mul_ps(sv, f));
+        i += 8;
+    }
+    for t in n8..n {
+        dst[t] = scale * codes[t] as f32;
+    }
+}
+
 /// dst[i] = widened src[i].
 ///
 /// # Safety

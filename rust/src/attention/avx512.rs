@@ -340,6 +340,27 @@ pub unsafe fn exp_sum(row: &mut [f32]) -> (f32, f32) {
     (max, _mm512_reduce_add_ps(sum))
 }
 
+/// dst[i] = scale * codes[i], as `generic::widen_q8` bit for bit (the same one product).
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+pub unsafe fn widen_q8(codes: &[i8], scale: f32, dst: &mut [f32]) {
+    let n = codes.len();
+    assert_eq!(n, dst.len(), "widen_q8: length mismatch");
+    let sv = _mm512_set1_ps(scale);
+    let (s, d) = (codes.as_ptr(), dst.as_mut_ptr());
+    let mut i = 0;
+    while i < n {
+        // 16 codes (masked at the tail) sign-extended to int32 lanes, converted exactly.
+        let m = lanes(n - i);
+        let c = _mm_maskz_loadu_epi8(m, s.add(i).cast());
+        let f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c));
+        _mm512_mask_storeu_ps(d.add(i), m, _mm512_mul_ps(sv, f));
+        i += 16;
+    }
+}
+
 /// dst[i] = widened src[i].
 ///
 /// # Safety

@@ -63,3 +63,11 @@ pub fn exp_sum(row: &mut [f32]) -> (f32, f32) {
 pub fn widen_bf16(src: &[u16], dst: &mut [f32]) {
     bf16_slice_to_f32(src, dst);
 }
+
+/// dst[i] = scale * codes[i] in f32 (one rounding: the product), the reference of every tier.
+pub fn widen_q8(codes: &[i8], scale: f32, dst: &mut [f32]) {
+    assert_eq!(codes.len(), dst.len(), "widen_q8: length mismatch");
+    for (o, &c) in dst.iter_mut().zip(codes) {
+        *o = scale * c as f32;
+    }
+}

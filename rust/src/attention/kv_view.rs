@@ -75,10 +75,9 @@ pub(crate) fn kv_rows_f32<'r, E: Element>(
             for (i, dst) in buf[..n * d].chunks_exact_mut(d).enumerate() {
                 let off = codes.offset(b, h, s0 + i);
                 let scale = scales.data[scales.offset(b, h, s0 + i)];
-                // A plain loop: the compiler widens 8/16 codes a vector for the baseline target.
-                for (o, &c) in dst.iter_mut().zip(&codes.data[off..off + d]) {
-                    *o = scale * c as f32;
-                }
+                // SAFETY: `ops` belongs to an ISA the CPU supports (attend's contract); the
+                // codes slice and dst both hold d values.
+                unsafe { (ops.widen_q8)(&codes.data[off..off + d], scale, dst) };
             }
             (&buf[..n * d], d)
         }
