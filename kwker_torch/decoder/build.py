@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from . import families, native, plan
-from .common import CHUNK_ROWS, PRECISIONS, eos_ids, kv_cache_bytes, kv_row_bytes, mem_total, meminfo
+from .common import CHUNK_ROWS, PRECISIONS, eos_ids, kv_cache_bytes, kv_cache_for, kv_row_bytes, mem_total, meminfo
 
 log = logging.getLogger("kwker_torch")
 
@@ -124,12 +124,13 @@ def from_hf(
     formats: dict[str, str] | None,
     gptq: bool,
     act_order: bool,
-    kv_cache: str = "f32",
+    kv_cache: str | None = None,
 ) -> Any:
     """``KwkDecoder.from_hf`` for a model a family maps: every argument as given there (where the defaults and
     their meaning live), ``cls`` the class to build."""
     if precision not in PRECISIONS:
         raise ValueError(f"kwker: unknown precision {precision!r}; expected one of {PRECISIONS}")
+    kv_cache = kv_cache_for(precision, kv_cache)
     fam, recipe = check_model(model)
     weights = sum(p.numel() for p in model.parameters())
     choose = plan.plan(precision, recipe["layers"], formats, fam.sensitive, weights=weights)

@@ -21,6 +21,22 @@ WINDOW_KEEP = 64
 # KV cache formats (``kv_cache=``): float32 (the 1e-5 contract), bf16, int8 codes with a scale per head and position.
 KV_CACHES = ("f32", "bf16", "q8")
 
+# The cache a precision gets when ``kv_cache`` is not given, chosen by measured quality at 4,096 tokens of context
+# (real SmolLM2-135M, Q4_1 source; BENCHMARKS.md): preserve keeps float32 (its 1e-5 contract); the 4- and 8-bit
+# weights take q8, which moved int4's perplexity by +0.03 points (its weights cost +2.0) at 0.27x f32's bytes and
+# decodes fastest at depth.
+DEFAULT_KV_CACHE = {"preserve": "f32", "balanced": "q8", "int8": "q8", "int4": "q8"}
+
+
+def kv_cache_for(precision: str, kv_cache: str | None) -> str:
+    """``kv_cache`` as given, else ``precision``'s default (``DEFAULT_KV_CACHE``); an unknown name raises."""
+    if kv_cache is None:
+        return DEFAULT_KV_CACHE.get(precision, "f32")
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kwker: kv_cache={kv_cache!r}; expected one of {', '.join(KV_CACHES)} (or None: "
+                         "the precision's default)")  # fmt: skip
+    return kv_cache
+
 
 def kv_row_bytes(kv_cache: str, head_dim: int) -> int:
     """Bytes one head's K (or V) row takes in the cache format (``recipe.rs`` ``KvFormat::row_bytes``)."""

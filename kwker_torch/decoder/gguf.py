@@ -38,7 +38,7 @@ import torch
 
 from . import families, native, plan
 from .build import _limits, bf16_exact
-from .common import CHUNK_ROWS, eos_ids
+from .common import CHUNK_ROWS, eos_ids, kv_cache_for
 from .gguf_reader import reading
 
 log = logging.getLogger("kwker_torch")
@@ -161,7 +161,7 @@ def _skeleton(cfg: Any) -> torch.nn.Module:
 
 
 def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_context: int | str | None = None,
-              kv_cache: str = "f32") -> Any:  # fmt: skip
+              kv_cache: str | None = None) -> Any:  # fmt: skip
     from transformers import AutoConfig
 
     path = os.fspath(path)
@@ -211,6 +211,9 @@ def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_co
         for mod, n in owners[id(p)]:  # every module sharing it (a tied lm_head) gets the same one
             mod._parameters[n] = new
     fam, recipe = families.read(model)
+    # The default cache follows the weights: q8 beside quantized matrices (as from_hf's int4 / int8), else f32.
+    quantized = any(file.tensors[g].tensor_type.name not in FLOAT_TYPES for g, _ in mats)
+    kv_cache = kv_cache_for("int4" if quantized else "preserve", kv_cache)
     max_batch, max_context = _limits(model, recipe, max_batch, max_context, kv_cache)
     wanted = native.recipe_tensors(recipe)
     sources = {s.key: s for s in fam.tensors(model, recipe)}

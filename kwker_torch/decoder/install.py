@@ -102,7 +102,7 @@ class _Installed:
     def build(self, model: torch.nn.Module) -> None:
         if self.gguf is not None:
             self.decoder = KwkDecoder.from_gguf(self.gguf, self.max_batch, self.max_context,
-                                                kv_cache=self.build_kw.get("kv_cache", "f32"))  # fmt: skip
+                                                kv_cache=self.build_kw.get("kv_cache"))  # fmt: skip
             _check_same_model(model, self.decoder, self.gguf)
         else:
             self.decoder = KwkDecoder.from_hf(model, self.precision, self.max_batch, self.max_context,

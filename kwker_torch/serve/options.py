@@ -29,7 +29,7 @@ class ServeOptions:
     gptq: bool = False  # with calib: each matrix's codes chosen by GPTQ
     slots: int = 8  # sequences decoded together in one step (each holds one request and its cached text)
     max_context: int = 0  # tokens per slot: prompt + completion (0: the trained context as far as memory allows)
-    kv_cache: str = "f32"  # how the KV cache stores K and V: f32, bf16 or q8
+    kv_cache: str | None = None  # how the KV cache stores K and V: f32, bf16 or q8 (None: the precision's default)
     queue: int = 64  # requests waiting for a slot beyond those running; more are answered 429
     prefill_chunk: int = 64  # prompt tokens read per step (across requests), between decode steps
     prompt_lookup: int = 8  # most prompt-lookup drafts per step for a greedy request at low load (0: off)
@@ -44,7 +44,7 @@ class ServeOptions:
     def check(self) -> ServeOptions:
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision {self.precision!r}: expected one of {', '.join(PRECISIONS)}")
-        if self.kv_cache not in KV_CACHES:
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHES:
             raise ValueError(f"--kv-cache {self.kv_cache!r}: expected one of {', '.join(KV_CACHES)}")
         if self.gptq and self.calib is None:
             raise ValueError("--gptq fits each matrix to calibration text: pass --calib FILE (a text like the "
@@ -91,7 +91,8 @@ FLAG_HELP = {
     "max_context": "tokens per request (prompt + completion); 0 (the default): the model's trained context, or "
     "the longest that --slots slots fit in half of the memory available, said at start",
     "kv_cache": "how the KV cache stores K and V: f32 (the model's own numbers), bf16 (half the memory) or q8 "
-    "(int8 with a scale per head and position, about a quarter)",
+    "(int8 with a scale per head and position, about a quarter); default f32 for preserve, q8 for int8 / int4 "
+    "(and a quantized GGUF file)",
     "queue": "requests that may wait for a slot; beyond it, 429 with Retry-After",
     "prefill_chunk": "prompt tokens read per step while other requests are generating",
     "prompt_lookup": "most draft tokens per step copied from a greedy request's own text (speculative decoding "

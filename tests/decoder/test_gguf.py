@@ -118,6 +118,7 @@ def test_every_exactly_repacked_matrix_holds_the_files_values(llama_file: Any, c
     with caplog.at_level(logging.WARNING, logger="kwker_torch"):
         dec = KwkDecoder.from_gguf(path, max_context=64)
     info = dec.info["gguf"]
+    assert dec.info["kv_cache"] == "q8"  # the default beside quantized matrices, as from_hf's int4
     assert sorted(info["exact"]) == sorted(["qkv.0", "o.0", "up.0", "down.0", "o.1", "embed.0", "lm_head.0"])
     assert info["converted"] == {
         "qkv.1": "Q4_K+Q6_K -> q8_0", "up.1": "Q5_1 -> q6k (dequantized and quantized again)",
@@ -141,7 +142,7 @@ def test_every_exactly_repacked_matrix_holds_the_files_values(llama_file: Any, c
 
 def test_logits_differ_from_the_files_float32_forward_only_by_the_activation_codes(llama_file: Any) -> None:
     path, loaded = llama_file
-    dec = KwkDecoder.from_gguf(path, max_batch=2, max_context=64)
+    dec = KwkDecoder.from_gguf(path, max_batch=2, max_context=64, kv_cache="f32")  # the weights' error alone
     ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = loaded(ids[None]).logits[0]
