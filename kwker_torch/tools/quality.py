@@ -550,16 +550,17 @@ def print_table(report: dict[str, Any], file: Any = None) -> None:
         + (f"BOS {bos} at the start of each chunk" if bos is not None else "no BOS (the tokenizer adds none)"),
         file=file,
     )
+    width = max([22] + [len(r["name"]) for r in report["contenders"]])  # "llama.cpp Q4_0 kv q8_0" and longer
     header = (
-        f"{'contender':<22} {'format':<12} {'bpw':>5} {'perplexity':>11} {'Δppl %':>8} {'KL':>11} {'top-1':>7} "
+        f"{'contender':<{width}} {'format':<12} {'bpw':>5} {'perplexity':>11} {'Δppl %':>8} {'KL':>11} {'top-1':>7} "
         f"{'seconds':>8}"
     )
     print(header, file=file)
     for r in report["contenders"]:
         delta = _no_negative_zero(r["delta_ppl_pct"], 3)
         print(
-            f"{r['name']:<22} {r['format']:<12} {_fmt(r['bits_per_weight'], '5.2f')} {_fmt(r['perplexity'], '11.4f')} "
-            f"{_fmt(delta, '+8.3f')} "
+            f"{r['name']:<{width}} {r['format']:<12} {_fmt(r['bits_per_weight'], '5.2f')} "
+            f"{_fmt(r['perplexity'], '11.4f')} {_fmt(delta, '+8.3f')} "
             f"{_fmt(r['kl'], '11.3e')} {_fmt(r['top1'], '7.4f')} {_fmt(r['seconds'], '8.1f')}",
             file=file,
         )

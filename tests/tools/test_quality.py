@@ -423,6 +423,11 @@ def test_peer_cache_gives_one_llama_cpp_row_per_cache(
     assert [(r["name"], r["kv_cache"]) for r in rows] == [
         ("hf-f32", None), ("llama.cpp model.gguf", "f16"), ("llama.cpp model.gguf kv q8_0", "q8_0"),
     ]  # fmt: skip
+    table = io.StringIO()
+    quality.print_table(json.loads(out), table)
+    lines = [ln for ln in table.getvalue().splitlines() if ln.startswith(("contender", "hf-f32", "llama.cpp"))]
+    assert len({ln.index(" format" if ln.startswith("contender") else " gguf" if "gguf" in ln else " float32")
+                for ln in lines}) == 1  # the name column is as wide as the longest name  # fmt: skip
     assert quality.peer_name("Q4_0", "q8_0") == "llama.cpp Q4_0 kv q8_0" and quality.peer_name("F32", "f16") == (
         "llama.cpp F32"
     )
