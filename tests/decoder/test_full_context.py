@@ -10,8 +10,9 @@ last 4 prompt rows and every step's logits are compared with Hugging Face's own 
 stepped with its own cache) of the same ids: within 1e-5 of the largest logit, greedy tokens identical.
 
 ``n`` is the full trained context for Qwen3 and Gemma 3. For the two 131,072-token families the default stops at a few
-thousand tokens that still pass what changes with depth: Phi-4-mini's prompt ends 2 tokens before LongRoPE's switch
-and its steps cross it (HF switches on the call's largest position; the cached keys keep their short rotation),
+thousand tokens that still pass what changes with depth: Phi-4-mini's 4,094-token prompt and first two steps use
+LongRoPE's short table, its last two steps (sequences of 4,097 and 4,098 tokens) the long one (HF switches on the
+call's largest position; the cached keys keep their short rotation),
 Llama 3.2 runs past its original 8,192. ``KWKER_FULL_CONTEXT=1`` runs both at 131,072.
 
 Measured (2 shared Zen 4 cores; worst row / largest logit, HF's time, kwker's):
