@@ -47,6 +47,7 @@ from common import save, stream_triad_gbs, table
 
 from kwker_torch import KwkDecoder
 from kwker_torch.decoder.common import KV_CACHES
+from kwker_torch.peer import PEER_CACHES
 from kwker_torch.peer.gguf_export import quantize
 from kwker_torch.peer.llama_cpp import LlamaCppWorker
 from kwker_torch.testing import SMOLLM2_GGUF, load_smollm2, random_model, smollm2_dir
@@ -54,7 +55,6 @@ from kwker_torch.texts import sample_text
 
 MODELS = ["SmolLM2-135M", "Qwen2.5-0.5B", "SmolLM2-1.7B"]
 PAIRS = {"int4": "Q4_0", "int8": "Q8_0", "preserve": "BF16"}  # KwkDecoder precision -> llama.cpp GGUF type
-PEER_CACHES = {"f16": {"kv_type": "f16", "flash_attn": "auto"}, "q8_0": {"kv_type": "q8_0", "flash_attn": "on"}}
 PEER_VALUE_BYTES = {"f16": 2.0, "q8_0": 34 / 32}  # q8_0: 32 int8 values and one f16 scale a block
 PEER_KIND = "native"
 PP, TG, BATCH = 512, 128, 512

@@ -2,7 +2,7 @@
 model's own float32 forward, on a text scored with llama.cpp's perplexity protocol.
 
 Run: ``python -m kwker_torch.quality [--model M] [--precision P] [--text FILE ...] [--ctx 512]
-[--chunks N] [--gguf FILE] [--json]``.
+[--chunks N] [--kv-cache F ...] [--gguf FILE ...] [--peer-cache f16 q8_0] [--json]``.
 
 Contenders (each scored by the very same code, on the very same token ids):
   - ``hf-f32``: the Hugging Face float32 forward of the model; it is also the reference (KL 0, top-1 1).
@@ -12,7 +12,11 @@ Contenders (each scored by the very same code, on the very same token ids):
   - ``kwker gguf`` (``--precision gguf`` with ``--model FILE.gguf``): ``KwkDecoder.from_gguf(FILE)``, the file's
     quantized tensors repacked as they are; the reference is then the file's values dequantized, so the
     row's KL is what the decoder's own arithmetic (activation codes) costs.
-  - ``llama.cpp`` (``--gguf FILE``): ``kwker_torch.peer.llama_cpp.LlamaCppWorker`` on that GGUF.
+    ``--kv-cache f32 bf16 q8``: each kwker precision once per KV cache format (rows ``kwker P kv bf16`` ...).
+  - ``llama.cpp`` (``--gguf FILE``): ``kwker_torch.peer.llama_cpp.LlamaCppWorker`` on that GGUF, once per
+    ``--peer-cache``: ``f16`` (its default cache, flash attention "auto", as llama-bench; row ``llama.cpp
+    Q4_0``) and/or ``q8_0`` (``-ctk q8_0 -ctv q8_0 -fa 1``; row ``llama.cpp Q4_0 kv q8_0``), each a worker of
+    its own (``kwker_torch.peer.PEER_CACHES``).
 
 Protocol (llama.cpp ``tools/perplexity/perplexity.cpp``, function ``perplexity``, the default path with
 ``--ppl-stride 0``):
@@ -71,6 +75,7 @@ from typing import Any
 import torch
 
 from ..decoder.common import KV_CACHES
+from ..peer import PEER_CACHES
 from .quality_inputs import (  # noqa: F401  (the tool's public names, as before the split)
     DEFAULT_TEXT,
     DecoderUnavailable,
@@ -395,8 +400,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="KV cache format(s) of the kwker contenders, one contender each (default f32)")
     ap.add_argument("--chunks", type=int, default=None, help="score at most N chunks (default: all)")
     ap.add_argument("--gguf", nargs="+", default=None, metavar="FILE", help="also score these GGUFs with llama.cpp")
+    ap.add_argument("--peer-cache", nargs="+", default=["f16"], choices=list(PEER_CACHES),
+                    help="llama.cpp's KV cache for each --gguf, one contender each: f16 (its default, flash "
+                    "attention auto) and/or q8_0 (-ctk q8_0 -ctv q8_0 -fa 1) (default f16)")
     ap.add_argument("--json", action="store_true", help="print one JSON line instead of the table")
     return ap.parse_args(argv)
+
+
+def peer_name(file_type: str, cache: str) -> str:
+    """The row of llama.cpp on a GGUF of ``file_type`` with KV cache ``cache`` (a key of PEER_CACHES): ``llama.cpp
+    Q4_0`` for its default f16 cache, ``llama.cpp Q4_0 kv q8_0`` otherwise (as bench_depth names them)."""
+    return f"llama.cpp {file_type}" + ("" if cache == "f16" else f" kv {cache}")
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -448,6 +462,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     kv_caches = list(dict.fromkeys(args.kv_cache))
     contenders: dict[str, LogitsFn] = {}
     formats: dict[str, str] = {REF_NAME: "float32"}
+    caches: dict[str, str] = {}  # contender -> its KV cache format (kwker's kv_cache=, llama.cpp's type_k/type_v)
     bits: dict[str, float] = {REF_NAME: 32.0}
     setup: dict[str, float] = {}
     skipped: list[dict[str, str]] = []
@@ -471,20 +486,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg, gptq,
                                                        kv)  # fmt: skip
                 formats[name] = "as stored" if precision == "gguf" else precision
+                caches[name] = kv
                 bits[name] = info.get("bits_per_weight", float("nan"))
                 setup[name] = time.perf_counter() - t0
             except DecoderUnavailable as exc:
                 if args.precision is not None:
                     raise QualityError(f"--precision {precision} needs the kwker decoder: {exc}") from exc
                 skipped.append({"name": "kwker", "reason": str(exc)})
-        for path in args.gguf or []:
+        peer_caches = list(dict.fromkeys(args.peer_cache))
+        for path, cache in itertools.product(args.gguf or [], peer_caches):
             t0 = time.perf_counter()
             meta = gguf_metadata(path)
-            name = f"llama.cpp {meta.get('file_type', os.path.basename(path))}"
+            name = peer_name(meta.get("file_type", os.path.basename(path)), cache)
             if name in contenders:  # two GGUFs of one file type: tell them apart by file
                 name = f"{name} ({os.path.basename(path)})"
-            contenders[name] = llama_cpp_logits_fn(stack, path, args.ctx, vocab, bos, meta)
+            contenders[name] = llama_cpp_logits_fn(stack, path, args.ctx, vocab, bos, meta, cache)
             formats[name] = f"gguf {meta.get('file_type', '?')}"
+            caches[name] = cache
             bits[name] = meta.get("bits_per_weight", float("nan"))
             setup[name] = time.perf_counter() - t0
         results = evaluate_many(contenders, hf_logits_fn(model), chunk_list, ref_name=REF_NAME)
@@ -499,6 +517,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "format": formats.get(name, "?"),
                 **r,
                 "bits_per_weight": bits.get(name, float("nan")),
+                "kv_cache": caches.get(name),
                 "delta_ppl_pct": (r["perplexity"] / ref_ppl - 1.0) * 100.0,
             }
         )
@@ -531,16 +550,17 @@ def print_table(report: dict[str, Any], file: Any = None) -> None:
         + (f"BOS {bos} at the start of each chunk" if bos is not None else "no BOS (the tokenizer adds none)"),
         file=file,
     )
+    width = max([22] + [len(r["name"]) for r in report["contenders"]])  # "llama.cpp Q4_0 kv q8_0" and longer
     header = (
-        f"{'contender':<22} {'format':<12} {'bpw':>5} {'perplexity':>11} {'Δppl %':>8} {'KL':>11} {'top-1':>7} "
+        f"{'contender':<{width}} {'format':<12} {'bpw':>5} {'perplexity':>11} {'Δppl %':>8} {'KL':>11} {'top-1':>7} "
         f"{'seconds':>8}"
     )
     print(header, file=file)
     for r in report["contenders"]:
         delta = _no_negative_zero(r["delta_ppl_pct"], 3)
         print(
-            f"{r['name']:<22} {r['format']:<12} {_fmt(r['bits_per_weight'], '5.2f')} {_fmt(r['perplexity'], '11.4f')} "
-            f"{_fmt(delta, '+8.3f')} "
+            f"{r['name']:<{width}} {r['format']:<12} {_fmt(r['bits_per_weight'], '5.2f')} "
+            f"{_fmt(r['perplexity'], '11.4f')} {_fmt(delta, '+8.3f')} "
             f"{_fmt(r['kl'], '11.3e')} {_fmt(r['top1'], '7.4f')} {_fmt(r['seconds'], '8.1f')}",
             file=file,
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..peer import PEER_CACHES
 from ..texts import SAMPLE
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
@@ -232,13 +233,17 @@ def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def llama_cpp_logits_fn(
-    stack: contextlib.ExitStack, path: str, ctx: int, vocab: int, bos: int | None, meta: dict[str, Any] | None = None
+    stack: contextlib.ExitStack, path: str, ctx: int, vocab: int, bos: int | None, meta: dict[str, Any] | None = None,
+    cache: str = "f16",
 ) -> LogitsFn:
-    """A llama.cpp worker on ``path`` (closed with ``stack``) as a logits fn. Checks the GGUF's
+    """A llama.cpp worker on ``path`` (closed with ``stack``) as a logits fn, with the KV cache ``cache`` (a key
+    of ``kwker_torch.peer.PEER_CACHES``: f16, its default, or q8_0 with flash attention). Checks the GGUF's
     vocabulary against the model's (``meta``: gguf_metadata(path), read here if not given); the width of
     its logits is checked again on every chunk."""
     if not Path(path).is_file():
         raise QualityError(f"--gguf file {path!r} not found; pass an existing GGUF file")
+    if cache not in PEER_CACHES:
+        raise QualityError(f"--peer-cache {cache!r} is not one of {sorted(PEER_CACHES)}")
     meta = gguf_metadata(path) if meta is None else meta
     if "n_vocab" in meta and meta["n_vocab"] != vocab:
         raise QualityError(
@@ -254,7 +259,7 @@ def llama_cpp_logits_fn(
     from kwker_torch.peer.llama_cpp import LlamaCppWorker  # lazily: benchmark-only, heavy
 
     worker = stack.enter_context(LlamaCppWorker(kind="native", threads=torch.get_num_threads()))
-    worker.load(path, n_ctx=ctx, n_batch=ctx)
+    worker.load(path, n_ctx=ctx, n_batch=ctx, **PEER_CACHES[cache])
 
     def fn(ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(worker.logits(ids.tolist()))

@@ -5,7 +5,8 @@
   its hand-computed value (0.25 ln 2), chunking and BOS replacement as llama-perplexity does them.
 - The CLI on a tiny random Llama with a byte tokenizer (fast): errors for too-short and empty texts (exit
   2), the ``--json`` line and its fields, the kwker and llama.cpp contenders' plumbing through stand-ins
-  of ``KwkDecoder`` / ``LlamaCppWorker`` (same API), a refused precision exiting 2.
+  of ``KwkDecoder`` / ``LlamaCppWorker`` (same API), ``--peer-cache`` giving one llama.cpp row per KV
+  cache (loaded with its cache keywords), a refused precision exiting 2.
 - Slow, on the real SmolLM2-135M (float32), 2 chunks of 512: hf-f32's perplexity equals an independent
   plain torch loop's to 4 significant digits; the kwker decoder's ``--precision preserve`` equals hf-f32's
   perplexity to 4 significant digits with KL < 1e-6 and top-1 1.0 (skipped until KwkDecoder exists).
@@ -350,6 +351,7 @@ def _fake_llama_cpp(model: Any, width: int | None = None) -> types.ModuleType:
 
     class LlamaCppWorker:
         loaded: list[tuple[str, int, int]] = []
+        caches: list[dict[str, str]] = []  # the KV cache keywords of each load
 
         def __init__(self, kind: str, threads: int) -> None:
             assert kind == "native" and threads >= 1
@@ -360,8 +362,9 @@ def _fake_llama_cpp(model: Any, width: int | None = None) -> types.ModuleType:
         def __exit__(self, *exc: object) -> None:
             return None
 
-        def load(self, path: str, n_ctx: int, n_batch: int) -> None:
+        def load(self, path: str, n_ctx: int, n_batch: int, *, kv_type: str, flash_attn: str) -> None:
             LlamaCppWorker.loaded.append((path, n_ctx, n_batch))
+            LlamaCppWorker.caches.append({"kv_type": kv_type, "flash_attn": flash_attn})
 
         def logits(self, ids: list[int]) -> np.ndarray:
             assert isinstance(ids, list)
@@ -392,6 +395,44 @@ def test_gguf_contender_plumbing(
     ref, cpp = json.loads(out)["contenders"]
     assert cpp["name"] == "llama.cpp model.gguf" and cpp["format"].startswith("gguf")  # named by file type, else file
     assert cpp["perplexity"] == pytest.approx(ref["perplexity"], rel=1e-6) and cpp["top1"] == 1.0
+
+
+def test_peer_cache_gives_one_llama_cpp_row_per_cache(
+    tiny: Any,
+    text_file: Path,
+    tmp_path: Path,
+    no_decoder: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--peer-cache f16 q8_0``: a worker of its own per cache, loaded with llama.cpp's default cache and with
+    ``-ctk q8_0 -ctv q8_0 -fa 1``, reported as separate rows named as bench_depth names them."""
+    mod = _fake_llama_cpp(tiny)
+    mod.LlamaCppWorker.loaded, mod.LlamaCppWorker.caches = [], []
+    monkeypatch.setitem(sys.modules, "kwker_torch.peer.llama_cpp", mod)
+    _use_model(monkeypatch, tiny, ByteTok())
+    gguf_file = tmp_path / "model.gguf"
+    gguf_file.write_bytes(b"not a real gguf")
+    argv = ["--json", "--text", str(text_file), "--ctx", "64", "--chunks", "1", "--gguf", str(gguf_file),
+            "--peer-cache", "f16", "q8_0", "f16"]  # fmt: skip
+    rc, out, err = _run(argv, capsys)
+    assert rc == 0, err
+    assert mod.LlamaCppWorker.caches == [{"kv_type": "f16", "flash_attn": "auto"},
+                                         {"kv_type": "q8_0", "flash_attn": "on"}]  # fmt: skip
+    rows = json.loads(out)["contenders"]
+    assert [(r["name"], r["kv_cache"]) for r in rows] == [
+        ("hf-f32", None), ("llama.cpp model.gguf", "f16"), ("llama.cpp model.gguf kv q8_0", "q8_0"),
+    ]  # fmt: skip
+    table = io.StringIO()
+    quality.print_table(json.loads(out), table)
+    lines = [ln for ln in table.getvalue().splitlines() if ln.startswith(("contender", "hf-f32", "llama.cpp"))]
+    assert len({ln.index(" format" if ln.startswith("contender") else " gguf" if "gguf" in ln else " float32")
+                for ln in lines}) == 1  # the name column is as wide as the longest name  # fmt: skip
+    assert quality.peer_name("Q4_0", "q8_0") == "llama.cpp Q4_0 kv q8_0" and quality.peer_name("F32", "f16") == (
+        "llama.cpp F32"
+    )
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--peer-cache", "q4_0"])  # not a cache the peer runs
 
 
 def test_gguf_with_another_vocabulary_is_a_clear_error(
