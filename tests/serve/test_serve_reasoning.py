@@ -19,6 +19,8 @@ import pytest
 
 from kwker_torch.serve import ServeOptions, create_app, engine_for
 from kwker_torch.serve.background import Background
+from kwker_torch.serve.calls import HERMES, LLAMA3_JSON, CallStream, gather, split_reply
+from kwker_torch.serve.reasoning import ReasoningStream
 from kwker_torch.testing import chat_ids, qwen_tokenizer, random_model
 from kwker_torch.testing.scripted import Scripted
 
@@ -36,6 +38,7 @@ TOOLS = [ADD, WEATHER]
 ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 THOUGHT = "<think>\nThe user wants a sum.\nTwo plus three is five.\n</think>\n\n"
 ADD_ARGS = '{"a": 2, "b": 3, "exact": true}'
+Served = tuple[str, Scripted, Any]  # (url, the scripted decoder, the engine)
 ADD_CALL = '<tool_call>\n{"name": "add", "arguments": ' + ADD_ARGS + "}\n</tool_call>"
 
 
@@ -65,9 +68,9 @@ def serve(model: Any, tok: Any) -> tuple[Background, Any, Scripted]:
 
 
 @pytest.fixture(scope="module")
-def qwen(model: Any, tok: Any) -> Iterator[tuple[str, Scripted]]:
+def qwen(model: Any, tok: Any) -> Iterator[tuple[str, Scripted, Any]]:
     run, engine, script = serve(model, tok)
-    yield run.url, script
+    yield run.url, script, engine
     run.stop()
     engine.shutdown(grace=5)
 
@@ -87,7 +90,7 @@ def client_of(url: str) -> openai.OpenAI:
 
 
 @pytest.fixture
-def say(qwen: tuple[str, Scripted], tok: Any) -> Iterator[Any]:
+def say(qwen: Served, tok: Any) -> Iterator[Any]:
     """Scripts the Qwen server's next replies; the model's own again after the test."""
     yield lambda text: qwen[1].say(tok, text)
     qwen[1].say(tok, None)
@@ -128,7 +131,7 @@ def n_tokens(tok: Any, text: str) -> int:
     return len(tok.encode(text, add_special_tokens=False))
 
 
-def test_reasoning_goes_to_reasoning_content_streamed_and_not(qwen: tuple[str, Scripted], say: Any, tok: Any) -> None:
+def test_reasoning_goes_to_reasoning_content_streamed_and_not(qwen: Served, say: Any, tok: Any) -> None:
     client = client_of(qwen[0])
     say(THOUGHT + "Two plus three is 5.")
     r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=100)
@@ -145,7 +148,7 @@ def test_reasoning_goes_to_reasoning_content_streamed_and_not(qwen: tuple[str, S
     assert s["usage"].completion_tokens_details.reasoning_tokens == r.usage.completion_tokens_details.reasoning_tokens
 
 
-def test_max_tokens_counts_reasoning_tokens(qwen: tuple[str, Scripted], say: Any, tok: Any) -> None:
+def test_max_tokens_counts_reasoning_tokens(qwen: Served, say: Any, tok: Any) -> None:
     client = client_of(qwen[0])
     say(THOUGHT + "Five.")
     r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=5)
@@ -158,7 +161,7 @@ def test_max_tokens_counts_reasoning_tokens(qwen: tuple[str, Scripted], say: Any
     assert (s["reasoning"], s["content"], s["finish"]) == (reasoning_of(msg), "", "length")
 
 
-def test_thinking_switch_reaches_the_template(qwen: tuple[str, Scripted], say: Any, tok: Any) -> None:
+def test_thinking_switch_reaches_the_template(qwen: Served, say: Any, tok: Any) -> None:
     client = client_of(qwen[0])
     say("Five.")
     on = len(chat_ids(tok, ASK)[0])
@@ -179,7 +182,7 @@ def test_thinking_switch_reaches_the_template(qwen: tuple[str, Scripted], say: A
         assert (s["content"], s["reasoning"], s["usage"].prompt_tokens) == ("Five.", "", prompt)
 
 
-def test_a_call_after_reasoning_streams_in_fragments(qwen: tuple[str, Scripted], say: Any) -> None:
+def test_a_call_after_reasoning_streams_in_fragments(qwen: Served, say: Any) -> None:
     client = client_of(qwen[0])
     say(THOUGHT + ADD_CALL)
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=100)
@@ -205,7 +208,7 @@ def test_a_call_after_reasoning_streams_in_fragments(qwen: tuple[str, Scripted],
     assert whole.id.startswith("call_") and w["reasoning"] == s["reasoning"] and w["finish"] == "tool_calls"
 
 
-def test_auto_calls_in_fragments_two_calls_and_content(qwen: tuple[str, Scripted], say: Any) -> None:
+def test_auto_calls_in_fragments_two_calls_and_content(qwen: Served, say: Any) -> None:
     client = client_of(qwen[0])
     weather = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
     say("Let me check.\n" + ADD_CALL + "\n" + weather)
@@ -226,7 +229,7 @@ def test_auto_calls_in_fragments_two_calls_and_content(qwen: tuple[str, Scripted
     assert [(c["name"], c["arguments"]) for c in s1["calls"]] == [("add", ADD_ARGS)]
 
 
-def test_forced_calls_may_be_parallel(qwen: tuple[str, Scripted], say: Any) -> None:
+def test_forced_calls_may_be_parallel(qwen: Served, say: Any) -> None:
     client = client_of(qwen[0])
     # The prompt ends with the call's opening marker; the grammar holds each call to its schema, and lets a
     # second block follow.
@@ -251,7 +254,7 @@ def test_forced_calls_may_be_parallel(qwen: tuple[str, Scripted], say: Any) -> N
         client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=200)
 
 
-def test_earlier_reasoning_is_rendered_as_the_template_wants(qwen: tuple[str, Scripted], say: Any, tok: Any) -> None:
+def test_earlier_reasoning_is_rendered_as_the_template_wants(qwen: Served, say: Any, tok: Any) -> None:
     client = client_of(qwen[0])
     say("Five.")
     # Qwen 3 drops the reasoning of turns before the last user message...
@@ -296,7 +299,7 @@ def test_a_template_that_opens_the_reasoning(r1: tuple[str, Scripted, Any]) -> N
         script.say(tok, None)
 
 
-def test_bad_reasoning_values_are_400s(qwen: tuple[str, Scripted]) -> None:
+def test_bad_reasoning_values_are_400s(qwen: Served) -> None:
     bad: list[tuple[dict[str, Any], str, str]] = [
         ({"reasoning_effort": "extreme"},
          "reasoning_effort must be one of none, minimal, low, medium, high, xhigh; got 'extreme'", "reasoning_effort"),
@@ -326,3 +329,61 @@ def test_bad_reasoning_values_are_400s(qwen: tuple[str, Scripted]) -> None:
     # Through the openai client, the same 400.
     with pytest.raises(openai.BadRequestError, match="reasoning_effort must be one of"):
         client_of(qwen[0]).chat.completions.create(model=MODEL, messages=ASK, reasoning_effort="extreme")  # type: ignore[arg-type]
+
+
+def test_a_server_started_with_whole_calls(qwen: Served, say: Any) -> None:
+    with pytest.raises(ValueError, match="--tool-call-stream 'bits': expected one of fragments, whole"):
+        ServeOptions(tool_call_stream="bits").check()
+    opts = ServeOptions(served_name=MODEL, tool_call_stream="whole")
+    run = Background(create_app(opts, engine=qwen[2]))  # (a second app over the same engine)
+    try:
+        client = client_of(run.url)
+        say(ADD_CALL)
+        s = streamed(client, messages=ASK, tools=TOOLS, max_tokens=100)
+        assert [(d.index, d.function.name, d.function.arguments) for d in s["deltas"]] == [(0, "add", ADD_ARGS)]
+        f = streamed(client, messages=ASK, tools=TOOLS, max_tokens=100, extra_body={"tool_call_stream": "fragments"})
+        assert len(f["deltas"]) > 2 and [(c["name"], c["arguments"]) for c in f["calls"]] == [("add", ADD_ARGS)]
+    finally:
+        run.stop()
+
+
+def feed(stream: Any, text: str, step: int) -> list[tuple[str, Any]]:
+    items = []
+    for k in range(0, len(text), step):
+        items += stream.feed(text[k : k + step])
+    return items + stream.flush()
+
+
+@pytest.mark.parametrize("step", [1, 2, 7, 10_000])
+def test_splitters_give_the_same_whatever_the_pieces(step: int) -> None:
+    def reasoning(text: str, inside: bool = False) -> tuple[str, str, int | None]:
+        rs = ReasoningStream(inside)
+        items = feed(rs, text, step)
+        return "".join(x for k, x in items if k == "reasoning"), "".join(x for k, x in items if k == "content"), rs.end
+
+    assert reasoning(THOUGHT + "Five.") == ("The user wants a sum.\nTwo plus three is five.", "Five.", len(THOUGHT) - 2)
+    assert reasoning("  <think>\n\n</think>\n\nFive.") == ("", "Five.", len("  <think>\n\n</think>"))
+    assert reasoning("Thinking.\n</think>\n\nFive.", inside=True) == ("Thinking.", "Five.", len("Thinking.\n</think>"))
+    assert reasoning("<think>\ncut short") == ("cut short", "", None)
+    assert reasoning("<thin>k no tag") == ("", "<thin>k no tag", None)
+    assert reasoning("Answer with </think> inside") == ("", "Answer with </think> inside", None)
+    # Calls in fragments join to the whole calls; a head in another order is sent whole; space before a call
+    # is not content, but is again when the block is not a call.
+    text = ('Sure.  \n<tool_call>\n{"name": "add", "arguments": {"s": "}{\\"", "n": [1, {"m": 2}]}}\n</tool_call>\n'
+            '<tool_call>\n{"arguments": {"a": 1}, "name": "add"}\n</tool_call>')  # fmt: skip
+    whole = split_reply(text, HERMES)
+    assert whole[0] == "Sure." and [c["function"]["arguments"] for c in whole[1]] == [
+        '{"s": "}{\\"", "n": [1, {"m": 2}]}', '{"a": 1}']
+    items = feed(CallStream(HERMES, fragments=True), text, step)
+    assert [k for k, _ in items if k != "content"][:2] == ["call_start", "args"] and items[-1][0] == "call"
+    content, calls = gather(items)
+    assert (content, [c["function"]["arguments"] for c in calls]) == (whole[0], [c["function"]["arguments"]
+                                                                                 for c in whole[1]])  # fmt: skip
+    assert gather(feed(CallStream(HERMES, fragments=True), "a b \n<tool_call> x </tool_call>", step)) == (
+        "a b \n<tool_call> x </tool_call>", [])
+    # Undeclared functions are not calls; a Llama 3 reply streams its parameters too.
+    made_up = '<tool_call>\n{"name": "search", "arguments": {"q": 1}}\n</tool_call>'
+    assert gather(feed(CallStream(HERMES, names=["add"], fragments=True), made_up, step)) == (made_up, [])
+    items = feed(CallStream(LLAMA3_JSON, names=["add"], fragments=True), ' {"name": "add", "parameters": {"a": 1}}',
+                 step)  # fmt: skip
+    assert items[0][0] == "call_start" and [c["function"]["arguments"] for c in gather(items)[1]] == ['{"a": 1}']
