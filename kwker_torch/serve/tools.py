@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .calls import HERMES, LLAMA3_JSON, CallStream, CallSyntax, gather, split_reply  # noqa: F401  (re-exported)
+from .calls import HERMES, LLAMA3_JSON, CallStream, CallSyntax, split_reply  # noqa: F401  (re-exported)
 
 
 class ToolError(ValueError):
@@ -240,14 +240,3 @@ def _arguments(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text  # (not JSON: the template writes it as it came)
-
-
-def reply(tp: ToolPlan | None, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, calls) of a whole reply under the request's ToolPlan (its text as is without one)."""
-    if tp is None:
-        return text, []
-    cs = tp.stream(False)
-    content, calls = gather(cs.feed(text) + cs.flush())
-    if calls:
-        content = content.strip()
-    return (content or None) if calls or not tp.forced else content, calls

@@ -1,14 +1,15 @@
 """A decoder that writes what a test scripts, for server tests on random weights (which write noise).
 
 ``Scripted(dec, eos)`` runs the real decoder (its slots, KV cache and step: prompts are read, the prompt
-cache works, tokens are fed back) and only replaces the logits of the rows that choose a token: while
-``reply`` is set, each new reply writes those tokens one by one and then ``eos``, whatever the weights say.
-The server's sampler still applies everything it applies to real logits (a grammar's mask, stop strings,
-``max_tokens``), so a scripted token a grammar refuses fails the request, as it should.
+cache works, tokens are fed back) and only lifts, in the rows that choose a token, the scripted token's
+logit far above the others: while ``reply`` is set, each new reply writes those tokens one by one and then
+``eos``, whatever the weights say. The server's sampler still applies everything it applies to real logits
+(a grammar's mask, stop strings, ``max_tokens``): a scripted token that a grammar refuses is not written,
+the model's own choice among the tokens it allows is, and the rest of that reply is the model's own.
 
-A row continues a reply when its slot holds exactly one token more than after the step that wrote the
-reply's last token and that token is it; any other row starts a reply. Serve with ``prompt_lookup=0``:
-draft rows are not scripted.
+A row continues a reply when its slot holds exactly one token more than after the step that chose the
+reply's last token; any other row starts a reply. Serve with ``prompt_lookup=0``: draft rows are not
+scripted.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class Scripted:
         self._dec = dec
         self.eos = eos
         self.reply: list[int] | None = None  # the tokens every new reply writes; None: the model's own
-        self._at: dict[int, tuple[int, int]] = {}  # slot -> (its length after the last scripted step, tokens written)
+        # slot -> (its length after the reply's last step, scripted tokens written; -1: the script was left)
+        self._at: dict[int, tuple[int, int]] = {}
 
     def __getattr__(self, name: str) -> Any:  # everything else is the real decoder's
         return getattr(self._dec, name)
@@ -47,12 +49,15 @@ class Scripted:
             if mode == "last":
                 n = self._dec.slot_len(slot)
                 held, k = self._at.get(slot, (-1, 0))
-                fed = [int(t) for t in toks]
-                if not (held == n - 1 and k > 0 and fed == [script[k - 1]]):
+                if held != n - 1:
                     k = 0  # a new reply
+                elif k < 0 or k > len(script) or [int(t) for t in toks] != [script[k - 1]]:
+                    self._at[slot] = (n, -1)  # (a grammar refused the script: the model's own from here)
+                    out.append(row)
+                    continue
                 nxt = script[k] if k < len(script) else self.eos
-                row = torch.full_like(row, float("-inf"))
-                row[-1, nxt] = 0.0
+                row = row.clone()
+                row[-1, nxt] = row[-1].max() + 1000.0
                 self._at[slot] = (n, k + 1)
             out.append(row)
         return out

@@ -31,7 +31,7 @@ ADD = {"type": "function", "function": {
                                                                    "exact": {"type": "boolean"}},
                                   "required": ["a", "b", "exact"]}}}  # fmt: skip
 WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
                                           "required": ["city", "unit"]}}}  # fmt: skip
 TOOLS = [ADD, WEATHER]
@@ -244,14 +244,20 @@ def test_forced_calls_may_be_parallel(qwen: Served, say: Any) -> None:
     assert [(x["name"], x["arguments"]) for x in s["calls"]] == want and s["finish"] == "tool_calls"
     assert len(s["deltas"]) > 4 and s["deltas"][0].function.arguments == ""
     # parallel_tool_calls false: the grammar ends after one call (the script's second block is never written).
-    one = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                         max_tokens=200, parallel_tool_calls=False)  # fmt: skip
-    assert [(t.function.name, t.function.arguments) for t in one.choices[0].message.tool_calls] == want[:1]
-    assert one.choices[0].finish_reason == "tool_calls"
-    # A named function: the grammar refuses a call of another one (the scripted get_weather cannot be written).
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                       max_tokens=200, parallel_tool_calls=False)  # fmt: skip
+    assert [(t.function.name, t.function.arguments) for t in r.choices[0].message.tool_calls] == want[:1]
+    assert r.choices[0].finish_reason == "tool_calls" and r.usage.completion_tokens < 40
+    one = streamed(client, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=200,
+                   parallel_tool_calls=False)  # fmt: skip
+    assert [(x["name"], x["arguments"]) for x in one["calls"]] == want[:1] and one["finish"] == "tool_calls"
+    # A named function: the grammar, not the script, decides (the scripted "add" cannot be written).
     named = {"type": "function", "function": {"name": "get_weather"}}
-    with pytest.raises(openai.InternalServerError, match="choosing the next token failed"):
-        client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=200)
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=200)
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "unit"} and len(args["city"]) <= 8 and args["unit"] in ("celsius", "fahrenheit")
 
 
 def test_earlier_reasoning_is_rendered_as_the_template_wants(qwen: Served, say: Any, tok: Any) -> None:
