@@ -98,15 +98,17 @@ class ToolPlan:
 
     def lark(self, schema: dict[str, Any], tok: Any) -> str:
         """llguidance grammar (Lark) of a forced reply of one or more calls, each held to ``schema``, one
-        block after another: ``call ("\\n" close "\\n" open "\\n" call)*``. A marker that is one token of the
-        tokenizer is named by its id (llguidance matches added tokens only so)."""
+        block after another, the last block closed or not: ``call (close open call)* close?`` (the reply may end
+        after a call, or after its close marker, as the templates' models write it). A marker that is one token
+        of the tokenizer is named by its id (llguidance matches added tokens only so)."""
 
         def marker(text: str) -> str:
             ids = tok.encode(text, add_special_tokens=False)
             return f"<[{ids[0]}]>" if len(ids) == 1 and ids[0] in tok.added_tokens_decoder else json.dumps(text)
 
-        sep = f'"\\n" {marker(self.syntax.close)} "\\n" {marker(self.syntax.open)} "\\n"'
-        return f"start: call (sep call)*\nsep: {sep}\ncall: %json {json.dumps(schema)}\n"
+        close, opening = f'"\\n" {marker(self.syntax.close)}', f'"\\n" {marker(self.syntax.open)} "\\n"'
+        return (f"start: call (close opening call)* close?\nclose: {close}\nopening: {opening}\n"
+                f"call: %json {json.dumps(schema)}\n")  # fmt: skip
 
     def stream(self, fragments: bool) -> CallStream:
         """A CallStream for one choice's reply (a forced reply starts inside its first call's block)."""

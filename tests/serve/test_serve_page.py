@@ -97,11 +97,13 @@ def shoot(pg: Any, tmp_path: Path, name: str, publish: bool = False) -> None:
         shutil.copyfile(shot, dest)
 
 
-# Counts the batches of DOM changes to .assistant elements (one per read of the stream that brought text).
+# Counts the batches of DOM changes inside .assistant elements (one per read of the stream that brought text).
 COUNT_UPDATES = """() => {
   window.updates = 0;
   new MutationObserver((records) => {
-    if (records.some((r) => r.target.classList && r.target.classList.contains('assistant'))) window.updates += 1;
+    const inAnswer = (r) => { const e = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+                              return e && e.closest('.assistant'); };
+    if (records.some(inAnswer)) window.updates += 1;
   }).observe(document.getElementById('log'), {childList: true, subtree: true, characterData: true});
 }"""
 

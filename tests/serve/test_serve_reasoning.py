@@ -253,7 +253,8 @@ def test_forced_calls_may_be_parallel(qwen: Served, say: Any) -> None:
     assert [(x["name"], x["arguments"]) for x in one["calls"]] == want[:1] and one["finish"] == "tool_calls"
     # A named function: the grammar, not the script, decides (the scripted "add" cannot be written).
     named = {"type": "function", "function": {"name": "get_weather"}}
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=200)
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=200,
+                                       parallel_tool_calls=False)  # fmt: skip
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
     args = json.loads(call.function.arguments)
