@@ -165,13 +165,18 @@ def test_required_call_with_two_functions_defining_the_same_name(client: openai.
                            "both": {"allOf": [{"properties": {"x": {"type": "boolean"}}},
                                               {"properties": {"y": {"type": "boolean"}}}]}},
                            "required": ["size"]})  # fmt: skip
-    for seed in range(4):
+    finished = set()
+    for seed in range(6):
         r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[a, b], tool_choice="required",
-                                           temperature=1.0, seed=seed, max_tokens=80,
+                                           temperature=1.0, seed=seed, max_tokens=120,
                                            parallel_tool_calls=False)  # fmt: skip
+        if r.choices[0].finish_reason == "length":  # ("both" takes any keys: random weights may write until the end)
+            continue
         call = r.choices[0].message.tool_calls[0]
         params = (a if call.function.name == "pick_colour" else b)["function"]["parameters"]
         jsonschema.validate(json.loads(call.function.arguments), params)  # each held to its own Item
+        finished.add(seed)
+    assert len(finished) >= 3, f"only seeds {sorted(finished)} of 6 finished a call within 120 tokens"
 
 
 def test_round_trip_the_tool_result_goes_back_through_the_template(client: openai.OpenAI, qwen: Any) -> None:
