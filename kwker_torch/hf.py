@@ -134,11 +134,13 @@ def generate_greedy(
         return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
 
 
-def chat_ids(tok: Any, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> torch.Tensor:
+def chat_ids(tok: Any, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+             **template_kwargs: Any) -> torch.Tensor:  # fmt: skip
     """Token ids [1, T] of ``prompt`` as a user turn of the model's chat template (or of a whole
     conversation, a list of {"role", "content"} messages), ready for the assistant's answer; ``tools``
-    (OpenAI tool objects) are rendered by the template when given."""
+    (OpenAI tool objects) are rendered by the template when given; ``template_kwargs`` are the template's
+    own variables (e.g. ``enable_thinking=False``)."""
     msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    kw = {"tools": tools} if tools else {}
+    kw = {**template_kwargs, **({"tools": tools} if tools else {})}
     enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", **kw)
     return enc if isinstance(enc, torch.Tensor) else enc["input_ids"]

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP app (FastAPI on Starlette): ``/v1/chat/completions`` (with tool calls, tools.py),
+"""The OpenAI-compatible HTTP app (FastAPI on Starlette): ``/v1/chat/completions`` (with tool calls, tools.py;
+reasoning, reasoning.py; each choice's reply split and shaped by chat.py),
 ``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics`` and a chat page at ``/`` (page.py), over one
 continuous-batching Engine.
 
@@ -32,16 +33,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import hf as models
 from . import tools
+from .chat import ChoiceSplit, ReplyPlan, usage
 from .engine import Closed, Engine, QueueFull
 from .flight import Flight, chat_logprobs, new_id, text_logprobs
 from .grammar import GrammarError, Grammars
 from .limits import BodyLimit, text_fits
 from .metrics import Metrics
-from .options import ServeOptions, load_model
+from .options import TOOL_CALL_STREAMS, ServeOptions, load_model
 from .page import add_page
+from .reasoning import ReasoningError, opens_inside, template_kwargs, thinking_of
 from .sampling import SamplingParams
 from .schema import ChatCompletionRequest, CompletionRequest, error_body
-from .tools import CallStream, ToolError, ToolPlan, reply
+from .tools import ToolError
 
 log = logging.getLogger("kwker.serve")
 
@@ -239,25 +242,28 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         )  # fmt: skip
 
     async def start(e: Engine, prompts: list[list[int]], sp: SamplingParams, body: Any,
-                    call_schema: dict[str, Any] | None = None) -> Flight:  # fmt: skip
-        """Submits the choices; ``call_schema``: the JSON schema a forced tool call is held to."""
+                    call: tuple[str, Any] | None = None) -> Flight:  # fmt: skip
+        """Submits the choices; ``call``: what a forced tool call is held to, ("json", a JSON schema) or
+        ("lark", a Lark grammar of several calls)."""
         choices = len(prompts) * body.n
         if choices > e.dec.max_batch + e.queue_limit:
             raise ApiError(400, f"{choices} choices (n x prompts) are more than this server holds at once "
                            f"({e.dec.max_batch} slots + a queue of {e.queue_limit})", "n")  # fmt: skip
 
         def compile_all() -> tuple[str | None, list[Any] | None]:  # (off the event loop: it can take a while)
-            if call_schema is not None:
-                grammar: str | None = e.grammars.compile_schema(call_schema, "tools")
+            if call is not None:
+                kind, spec = call
+                grammar: str | None = (e.grammars.compile_lark(spec, "tools") if kind == "lark"
+                                       else e.grammars.compile_schema(spec, "tools"))  # fmt: skip
             else:
                 grammar = e.grammars.compile(body.response_format)
             return grammar, [e.grammars.matcher(grammar) for _ in range(choices)] if grammar else None
 
         try:
-            constrained = body.response_format or call_schema is not None
+            constrained = body.response_format or call is not None
             grammar, matchers = await asyncio.to_thread(compile_all) if constrained else (None, None)
         except GrammarError as err:
-            raise ApiError(400, str(err), "tools" if call_schema is not None else "response_format") from err
+            raise ApiError(400, str(err), "tools" if call is not None else "response_format") from err
         sp.grammar = grammar
         try:
             return Flight(e, prompts, sp, body.n, matchers, time.monotonic() + opts.request_timeout)
@@ -268,10 +274,10 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             raise ApiError(503, "The server is shutting down; retry on another replica.", kind="server_error") from err
 
     async def respond(request: Request, flight: Flight, body: Any, chat: bool, echo: list[str],
-                      tp: ToolPlan | None = None) -> Any:  # fmt: skip
+                      rp: ReplyPlan | None = None) -> Any:  # fmt: skip
         if body.stream:
             count(request.url.path, 200)
-            return _Stream(flight, stream(flight, body, chat, echo, tp), media_type="text/event-stream")
+            return _Stream(flight, stream(flight, body, chat, echo, rp), media_type="text/event-stream")
         collect = asyncio.ensure_future(gather(flight))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -288,6 +294,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             count(request.url.path, 499)
             return JSONResponse(error_body("client disconnected"), status_code=499)
         texts, toks, finish, failed = collect.result()
+        splits = [ChoiceSplit(rp or ReplyPlan(None), fragments=False) for _ in range(len(flight.reqs))]
         if failed is not None:
             raise ApiError(failed.status, failed.error or "failed", kind="server_error" if failed.status >= 500
                            else "invalid_request_error")  # fmt: skip
@@ -299,11 +306,8 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             if body.logprobs is not None and body.logprobs is not False:  # (completions' logprobs=0: chosen only)
                 lp = chat_logprobs(tok, toks[i]) if chat else text_logprobs(tok, toks[i], len(echo[i]) if echo else 0)
             if chat:
-                content, calls = reply(tp, texts[i])
-                msg: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None}
-                if calls:
-                    msg["tool_calls"] = calls
-                fin = "tool_calls" if calls and finish[i] == "stop" else finish[i]
+                msg = splits[i].message(splits[i].feed(texts[i], [t.offset for t in toks[i]], end=True))
+                fin = "tool_calls" if msg.get("tool_calls") and finish[i] == "stop" else finish[i]
                 choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": fin})
             else:
                 text = (echo[i] if echo else "") + texts[i]
@@ -311,7 +315,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         kind = "chat.completion" if chat else "text_completion"
         return {"id": new_id("chatcmpl" if chat else "cmpl"), "object": kind,
                 "created": flight.created, "model": name, "system_fingerprint": "kwker", "choices": choices,
-                "usage": flight.usage()}  # fmt: skip
+                "usage": usage(flight.usage(), splits) if chat else flight.usage()}  # fmt: skip
 
     async def gather(flight: Flight) -> tuple[list[str], list[list[Any]], list[str | None], Any]:
         n = len(flight.reqs)
@@ -328,31 +332,21 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         return ["".join(t) for t in texts], toks, finish, None
 
     async def stream(flight: Flight, body: Any, chat: bool, echo: list[str],
-                     tp: ToolPlan | None = None) -> AsyncIterator[str]:  # fmt: skip
+                     rp: ReplyPlan | None = None) -> AsyncIterator[str]:  # fmt: skip
         rid = new_id("chatcmpl" if chat else "cmpl")
         usage_on = bool(body.stream_options and body.stream_options.include_usage)
         tok = flight.engine.tok
-        n = len(flight.reqs)
-        # Tool calls: an auto reply's text goes through a CallStream (calls sent whole as they close); a
-        # forced reply is the call's JSON, held and sent as one call at the end.
-        splitters = ([CallStream(tp.syntax, tp.parallel, tp.names) for _ in range(n)]
-                     if tp is not None and not tp.forced else [])  # fmt: skip
-        held = [""] * n
-        ncalls = [0] * n
+        # A chat choice's text goes through a ChoiceSplit: reasoning, content, and calls (in fragments as they
+        # are written, or whole as each closes).
+        splits = [ChoiceSplit(rp or ReplyPlan(None)) for _ in range(len(flight.reqs))] if chat else []
 
-        def chunk(i: int, text: str, toks: list[Any], finish: str | None, role: bool = False,
-                  call: dict[str, Any] | None = None) -> str:  # fmt: skip
+        def chunk(i: int, toks: list[Any], finish: str | None, delta: dict[str, Any] | None = None,
+                  text: str = "") -> str:  # fmt: skip
             lp = None
             if body.logprobs is not None and body.logprobs is not False and toks:
                 lp = chat_logprobs(tok, toks) if chat else text_logprobs(tok, toks, (len(echo[i]) if echo else 0))
             if chat:
-                delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-                if text:
-                    delta["content"] = text
-                if call is not None:
-                    delta["tool_calls"] = [{"index": ncalls[i], **call}]
-                    ncalls[i] += 1
-                choice = {"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}
+                choice = {"index": i, "delta": delta or {}, "logprobs": lp, "finish_reason": finish}
             else:
                 choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
             obj: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -365,41 +359,34 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         try:
             for i in range(len(flight.reqs)):
                 if chat:
-                    yield chunk(i, "", [], None, role=True)
+                    yield chunk(i, [], None, {"role": "assistant", "content": ""})
                 elif echo:
-                    yield chunk(i, echo[i], [], None)
+                    yield chunk(i, [], None, text=echo[i])
             async for i, ev in flight.events():
                 if ev.error is not None:
                     flight.cancel()
                     yield _sse(error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error"))
                     break
-                if tp is None:
+                if not chat:
                     if ev.text or ev.tokens:
-                        yield chunk(i, ev.text, ev.tokens, None)
+                        yield chunk(i, ev.tokens, None, text=ev.text)
                     if ev.finish is not None:
-                        yield chunk(i, "", [], ev.finish)
+                        yield chunk(i, [], ev.finish)
                     continue
-                if tp.forced:
-                    held[i] += ev.text
-                    items: list[tuple[str, Any]] = []
-                    if ev.finish is not None:
-                        content, calls = reply(tp, held[i])
-                        items = [("call", c) for c in calls] or ([("content", content)] if content else [])
-                else:
-                    items = splitters[i].feed(ev.text) + (splitters[i].flush() if ev.finish is not None else [])
+                sp = splits[i]
                 toks = ev.tokens
-                for kind, x in items:
-                    yield chunk(i, x if kind == "content" else "", toks, None, call=x if kind == "call" else None)
+                for delta in sp.deltas(sp.feed(ev.text, [t.offset for t in toks], ev.finish is not None)):
+                    yield chunk(i, toks, None, delta)
                     toks = []
-                if toks and body.logprobs:  # (tokens still held in a call: their logprobs on an empty delta)
-                    yield chunk(i, "", toks, None)
+                if toks and body.logprobs:  # (tokens whose text is held: their logprobs on an empty delta)
+                    yield chunk(i, toks, None, {})
                 if ev.finish is not None:
-                    yield chunk(i, "", [], "tool_calls" if ncalls[i] and ev.finish == "stop" else ev.finish)
+                    yield chunk(i, [], "tool_calls" if sp.ncalls and ev.finish == "stop" else ev.finish)
             else:
                 if usage_on:
                     yield _sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                                 "created": flight.created, "model": name, "choices": [],
-                                "usage": flight.usage()})  # fmt: skip
+                                "usage": usage(flight.usage(), splits) if chat else flight.usage()})  # fmt: skip
             yield "data: [DONE]\n\n"
         finally:
             flight.cancel()  # (a no-op when all choices finished; frees the slots when the client left)
@@ -419,37 +406,51 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             raise ApiError(400, f"the {field} cannot be tokenized ({type(err).__name__}: {err}); send valid "
                            "Unicode text", field) from err  # fmt: skip
 
-    def render_chat(e: Engine, body: ChatCompletionRequest) -> tuple[ToolPlan | None, Any, list[int]]:
-        """(tool plan, a forced call's schema, prompt ids): the template's work, run off the event loop."""
+    def render_chat(e: Engine, body: ChatCompletionRequest) -> tuple[ReplyPlan, Any, list[int]]:
+        """(how replies split, what a forced call is held to, prompt ids): the template's work, off the event
+        loop."""
         too_long(e, sum(len(m.text()) for m in body.messages), "messages")
         try:
             tp = tools.plan(body, e.tok)
-            schema = tp.schema(body.tools) if tp is not None and tp.forced else None  # (a forced call's grammar)
+            call = None
+            if tp is not None and tp.forced:  # (a forced call's grammar: one call, or several in a row)
+                schema = tp.schema(body.tools)
+                call = ("lark", tp.lark(schema, e.tok)) if tp.several() else ("json", schema)
         except ToolError as err:
             raise ApiError(400, str(err), err.param) from err
         if tp is not None and tp.forced and body.response_format and body.response_format.get("type") != "text":
             raise ApiError(400, "a forced tool call (tool_choice 'required' or a named function) holds the reply to "
                            "the call's schema: leave response_format out", "response_format")  # fmt: skip
+        shape = opts.tool_call_stream if body.tool_call_stream is None else body.tool_call_stream
+        if shape not in TOOL_CALL_STREAMS:
+            raise ApiError(400, f"tool_call_stream must be one of {', '.join(map(repr, TOOL_CALL_STREAMS))} (how "
+                           f"streamed tool calls arrive); got {shape!r}", "tool_call_stream")  # fmt: skip
+        th = thinking_of(e.tok)
         try:
-            ids = models.chat_ids(e.tok, tools.messages(body.messages), tp.tools if tp else None)[0].tolist()
+            kw = template_kwargs(body, th)
+        except ReasoningError as err:
+            raise ApiError(400, str(err), err.param) from err
+        try:
+            ids = models.chat_ids(e.tok, tools.messages(body.messages), tp.tools if tp else None, **kw)[0].tolist()
         except Exception as err:  # noqa: BLE001  (the template's own message says what is wrong)
             raise ApiError(400, f"messages cannot be rendered with the model's chat template: {err}",
                            "messages") from err  # fmt: skip
+        inside = th.thinks and opens_inside(e.tok.decode(ids[-16:], skip_special_tokens=False))
         if tp is not None and tp.suffix():
             ids += tokenize(e, tp.suffix(), "messages", special=False)
-        return tp, schema, ids
+        return ReplyPlan(tp, th.thinks, inside, shape == "fragments"), call, ids
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatCompletionRequest) -> Any:
         check_model(body.model)
         e = eng()
-        tp, schema, ids = await asyncio.to_thread(render_chat, e, body)
+        rp, call, ids = await asyncio.to_thread(render_chat, e, body)
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise ApiError(400, "top_logprobs requires logprobs: true", "top_logprobs")
         sp = params(e, body, len(ids), body.max_completion_tokens or body.max_tokens, body.logprobs, top, "messages")
-        flight = await start(e, [ids], sp, body, schema)
-        return await respond(request, flight, body, True, [], tp)
+        flight = await start(e, [ids], sp, body, call)
+        return await respond(request, flight, body, True, [], rp)
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Any:

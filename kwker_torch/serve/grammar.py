@@ -1,6 +1,7 @@
-"""``response_format`` (and forced tool calls, tools.py) by constrained decoding on llguidance: each step,
-the tokens the grammar does not allow are masked out of the logits before the next token is chosen, so the
-output is valid JSON (of the schema, for ``json_schema``) unless it is cut by ``max_tokens``.
+"""``response_format`` (and forced tool calls, tools.py: one call's JSON schema, or a Lark grammar of several)
+by constrained decoding on llguidance: each step, the tokens the grammar does not allow are masked out of the
+logits before the next token is chosen, so the output is valid JSON (of the schema, for ``json_schema``)
+unless it is cut by ``max_tokens``.
 
 A schema llguidance cannot compile is refused (``GrammarError``, answered 400) before generation: never
 silently unconstrained output. ``{"type": "text"}`` (or no response_format) means no grammar.
@@ -65,6 +66,19 @@ class Grammars:
             grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
         except (ValueError, TypeError) as e:
             raise GrammarError(f"{what}: the JSON schema cannot be compiled: {e}") from e
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
+        if failed:
+            raise GrammarError(f"{what}: the JSON schema cannot be enforced: {'; '.join(messages)}")
+        return grammar
+
+    def compile_lark(self, lark: str, what: str) -> str:
+        """The llguidance grammar of a Lark grammar (which may embed JSON schemas as ``%json {...}``)."""
+        import llguidance
+
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        except (ValueError, TypeError) as e:
+            raise GrammarError(f"{what}: the grammar cannot be compiled: {e}") from e
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
         if failed:
             raise GrammarError(f"{what}: the JSON schema cannot be enforced: {'; '.join(messages)}")

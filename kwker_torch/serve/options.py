@@ -16,6 +16,7 @@ from ..decoder import PRECISIONS
 from ..decoder.common import KV_CACHES
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+TOOL_CALL_STREAMS = ("fragments", "whole")
 
 
 @dataclass
@@ -40,6 +41,9 @@ class ServeOptions:
     port: int = 8000
     shutdown_grace: float = 30.0  # seconds in-flight requests may run on after a shutdown signal
     max_body: int = 4 << 20  # bytes a request body may have; larger ones are answered 413
+    # how streamed tool calls arrive unless a request says (its tool_call_stream): "fragments" (OpenAI's shape:
+    # the call's id and name, then its arguments as written) or "whole" (one chunk per call, arguments complete)
+    tool_call_stream: str = "fragments"
 
     def check(self) -> ServeOptions:
         if self.precision not in PRECISIONS:
@@ -67,6 +71,9 @@ class ServeOptions:
             raise ValueError(f"--queue must be an integer >= 0, got {self.queue!r}")
         if not isinstance(self.max_body, int) or self.max_body < 1024:
             raise ValueError(f"--max-body must be an integer of at least 1024 bytes, got {self.max_body!r}")
+        if self.tool_call_stream not in TOOL_CALL_STREAMS:
+            raise ValueError(f"--tool-call-stream {self.tool_call_stream!r}: expected one of "
+                             f"{', '.join(TOOL_CALL_STREAMS)}")  # fmt: skip
         if not self.request_timeout > 0:
             raise ValueError(f"--request-timeout must be > 0 seconds, got {self.request_timeout!r}")
         return self
@@ -104,6 +111,9 @@ FLAG_HELP = {
     "port": "port to listen on",
     "shutdown_grace": "seconds requests in flight may run on after SIGTERM/SIGINT; then they end with an error",
     "max_body": "bytes a request body may have (default 4 MiB); larger ones are answered 413",
+    "tool_call_stream": "how streamed tool calls arrive unless a request's tool_call_stream says: fragments (as "
+    "OpenAI: the call's id and name first, then its arguments as the model writes them) or whole (one chunk per "
+    "call with its arguments complete)",
 }
 
 

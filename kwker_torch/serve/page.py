@@ -5,8 +5,9 @@ model in a browser.
 The page is one self-contained file, inline CSS and JS with no framework, no build step and nothing fetched
 from elsewhere: it reads the model id from ``GET /v1/models``, keeps a multi-turn conversation, streams each
 answer from ``POST /v1/chat/completions`` (SSE, ``stream_options.include_usage``), shows the time to first
-token and tokens/s, shows the server's errors with their status, and lets the user set the system prompt,
-temperature and max tokens, and stop an answer. It is served from the package (``pyproject.toml`` ships
+token and tokens/s, shows the server's errors with their status, shows a thinking model's reasoning folded
+above its answer and its tool calls as cards, and lets the user set the system prompt, temperature, max
+tokens and tools, and stop an answer. It is served from the package (``pyproject.toml`` ships
 ``static/`` in the wheel); ``tests/serve/test_serve_page.py`` drives it in a headless Chromium.
 """
 

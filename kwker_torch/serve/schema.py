@@ -69,6 +69,7 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # an assistant's earlier reasoning (the template decides what it keeps)
 
     def text(self) -> str:
         if self.content is None:
@@ -144,6 +145,11 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Checked by reasoning.py / app.py, whose 400s say what is expected: template variables (an object),
+    # OpenAI's reasoning effort, and how calls stream ("fragments", OpenAI's shape, or "whole").
+    chat_template_kwargs: Any = None
+    reasoning_effort: Any = None
+    tool_call_stream: Any = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = False

@@ -15,20 +15,21 @@ wrote: a block that is not a JSON object with a string ``name`` stays in the tex
 named function are enforced by constrained decoding: the call's opening marker is appended to the prompt
 and the reply is held by llguidance to a JSON object whose ``name`` is one of the allowed functions and
 whose arguments follow that function's ``parameters`` schema (objects that list their properties take no
-others, as OpenAI's strict mode), so the call is valid whatever the weights (one call; cut only by
-``max_tokens``). ``"none"``: the tools are not rendered and nothing is parsed.
-``parallel_tool_calls: false`` keeps only the first call of an ``auto`` reply.
+others, as OpenAI's strict mode), so the call is valid whatever the weights (cut only by ``max_tokens``).
+Unless ``parallel_tool_calls`` is false, a forced reply may hold several calls, one block after another
+(the grammar is then Lark: each call that JSON schema, the template's close and open markers between them;
+Llama 3 JSON replies hold one). ``"none"``: the tools are not rendered and nothing is parsed.
+``parallel_tool_calls: false`` keeps only the first call of an ``auto`` reply and forces one call.
+Parsing replies, whole or in fragments as they stream: calls.py.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from .text import held_prefix
+from .calls import HERMES, LLAMA3_JSON, CallStream, CallSyntax, split_reply  # noqa: F401  (re-exported)
 
 
 class ToolError(ValueError):
@@ -37,20 +38,6 @@ class ToolError(ValueError):
     def __init__(self, message: str, param: str = "tools") -> None:
         super().__init__(message)
         self.param = param
-
-
-@dataclass(frozen=True)
-class CallSyntax:
-    """How one chat template's replies mark a call."""
-
-    name: str
-    open: str  # text that starts a call ("": the whole reply is the call)
-    close: str
-    args_key: str  # the key of the arguments inside the call's JSON object
-
-
-HERMES = CallSyntax("hermes", "<tool_call>", "</tool_call>", "arguments")
-LLAMA3_JSON = CallSyntax("llama3-json", "", "", "parameters")
 
 
 def template_source(tok: Any) -> str:
@@ -102,7 +89,32 @@ class ToolPlan:
         schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
         if defs:
             schema["$defs"] = defs
-        return {**schema, "x-guidance": {"whitespace_flexible": False}}
+        # (written as the templates write calls, with Python's json.dumps separators)
+        return {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+
+    def several(self) -> bool:
+        """A forced reply may hold several calls (parallel_tool_calls allows it and calls have markers)."""
+        return bool(self.forced) and self.parallel and bool(self.syntax.open)
+
+    def lark(self, schema: dict[str, Any], tok: Any) -> str:
+        """llguidance grammar (Lark) of a forced reply of one or more calls, each held to ``schema``, one
+        block after another, the last block closed or not: ``call (close open call)* close?`` (the reply may end
+        after a call, or after its close marker, as the templates' models write it). A marker that is one token
+        of the tokenizer is named by its id (llguidance matches added tokens only so)."""
+
+        def marker(text: str) -> str:
+            ids = tok.encode(text, add_special_tokens=False)
+            return f"<[{ids[0]}]>" if len(ids) == 1 and ids[0] in tok.added_tokens_decoder else json.dumps(text)
+
+        close, opening = f'"\\n" {marker(self.syntax.close)}', f'"\\n" {marker(self.syntax.open)} "\\n"'
+        return (f"start: call (close opening call)* close?\nclose: {close}\nopening: {opening}\n"
+                f"call: %json {json.dumps(schema)}\n")  # fmt: skip
+
+    def stream(self, fragments: bool) -> CallStream:
+        """A CallStream for one choice's reply (a forced reply starts inside its first call's block)."""
+        if self.forced:
+            return CallStream(self.syntax, self.several(), self.forced, fragments, inside=bool(self.syntax.open))
+        return CallStream(self.syntax, self.parallel, self.names, fragments)
 
 
 def _hoist(params: dict[str, Any], fn: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -205,7 +217,9 @@ def plan(body: Any, tok: Any) -> ToolPlan | None:
 
 def messages(msgs: list[Any]) -> list[dict[str, Any]]:
     """OpenAI chat messages as chat templates take them: ``developer`` as ``system``; an assistant's calls
-    with their arguments as objects (templates write them with ``tojson``); no ``None`` content."""
+    with their arguments as objects (templates write them with ``tojson``), its ``reasoning_content`` as
+    such (the template keeps or drops it: Qwen 3 drops it from turns before the last user message); no
+    ``None`` content."""
     out = []
     for m in msgs:
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
@@ -213,6 +227,8 @@ def messages(msgs: list[Any]) -> list[dict[str, Any]]:
             d["tool_calls"] = [{"id": c.id, "type": "function",
                                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
                                for c in m.tool_calls]  # fmt: skip
+        if m.reasoning_content is not None and m.role == "assistant":  # (as Qwen 3's template reads it)
+            d["reasoning_content"] = m.reasoning_content
         if m.tool_call_id is not None:
             d["tool_call_id"] = m.tool_call_id
         if m.name is not None:
@@ -226,141 +242,3 @@ def _arguments(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text  # (not JSON: the template writes it as it came)
-
-
-def new_call(name: str, arguments: Any) -> dict[str, Any]:
-    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def _call_of(text: str, syntax: CallSyntax, names: Collection[str] | None = None) -> dict[str, Any] | None:
-    """The call a JSON object makes, or None when the text is not a call: not a JSON object, a ``name``
-    that is not one of ``names`` (a JSON answer that happens to have a name is an answer), or arguments
-    that are not an object (Llama 3 replies must carry their ``parameters``)."""
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    if names is not None and obj["name"] not in names:
-        return None
-    key = syntax.args_key if syntax.args_key in obj else "arguments" if "arguments" in obj else None
-    if key is None and not syntax.open:
-        return None
-    args = obj.get(key, {}) if key else {}
-    if isinstance(args, str):  # (arguments written as a JSON string, as OpenAI sends them)
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return new_call(obj["name"], args)
-
-
-class CallStream:
-    """Splits generated text, as it arrives, into content and calls (``auto``). ``feed`` and ``flush``
-    return ("content", text) and ("call", call) items in order; a call's block is held until it closes.
-    The whole reply fed at once gives what a stream gives (non-streamed replies are parsed this way)."""
-
-    def __init__(self, syntax: CallSyntax, parallel: bool = True, names: Collection[str] | None = None) -> None:
-        self.s = syntax
-        self.parallel = parallel
-        self.names = names  # the functions a call may name (None: any)
-        self.buf = ""
-        self.inside = False  # within a call block (hermes), or holding a JSON reply (llama3)
-        self.started = False  # (llama3) some non-space text was seen
-        self.calls = 0
-
-    def feed(self, piece: str) -> list[tuple[str, Any]]:
-        self.buf += piece
-        return self._scan(False)
-
-    def flush(self) -> list[tuple[str, Any]]:
-        return self._scan(True)
-
-    def _call(self, body: str, raw: str) -> list[tuple[str, Any]]:
-        call = _call_of(body.strip(), self.s, self.names)
-        if call is None:
-            return [("content", raw)] if raw else []
-        self.calls += 1
-        return [("call", call)] if self.parallel or self.calls == 1 else []
-
-    def _scan(self, end: bool) -> list[tuple[str, Any]]:
-        out: list[tuple[str, Any]] = []
-        if not self.s.open:  # the whole reply is one JSON call, or text
-            if not self.started:
-                head = self.buf.lstrip()
-                if not head:
-                    return out
-                self.started, self.inside = True, head.startswith("{")
-            if not self.inside:
-                out.append(("content", self.buf))
-                self.buf = ""
-            elif end:
-                out += self._call(self.buf, self.buf)
-                self.buf = ""
-            return out
-        while True:
-            if self.inside:
-                j = self.buf.find(self.s.close)
-                if j < 0:
-                    if end:
-                        out += self._call(self.buf, self.s.open + self.buf)
-                        self.buf = ""
-                    return out
-                before = self.calls
-                out += self._call(self.buf[:j], self.s.open + self.buf[: j + len(self.s.close)])
-                self.buf = self.buf[j + len(self.s.close) :]
-                if self.calls > before:  # (the newline templates put between calls is not content)
-                    self.buf = self.buf.lstrip("\n")
-                self.inside = False
-                continue
-            i = self.buf.find(self.s.open)
-            if i >= 0:
-                head = self.buf[:i]
-                if head.strip():  # (space before or between calls is not content)
-                    out.append(("content", head))
-                self.buf, self.inside = self.buf[i + len(self.s.open) :], True
-                continue
-            hold = 0 if end else held_prefix(self.buf, self.s.open)
-            release = self.buf[: len(self.buf) - hold]
-            if not release.strip():  # space: content only if text follows, or the reply ends without calls
-                if end:
-                    if release and not self.calls:
-                        out.append(("content", release))
-                    self.buf = ""
-                return out
-            if release:
-                out.append(("content", release))
-                self.buf = self.buf[len(release) :]
-            return out
-
-
-def split_reply(text: str, syntax: CallSyntax, parallel: bool = True,
-                names: Collection[str] | None = None) -> tuple[str | None, list[dict[str, Any]]]:  # fmt: skip
-    """(content, calls) of a whole ``auto`` reply; content is None when only calls remain."""
-    cs = CallStream(syntax, parallel, names)
-    items = cs.feed(text) + cs.flush()
-    calls = [x for k, x in items if k == "call"]
-    content = "".join(x for k, x in items if k == "content")
-    if calls:
-        content = content.strip()
-    return content or None, calls
-
-
-def forced_reply(text: str, syntax: CallSyntax) -> list[dict[str, Any]]:
-    """The call of a forced reply (the JSON object the grammar held it to); [] when it was cut short."""
-    call = _call_of(text.strip(), syntax)
-    return [call] if call is not None else []
-
-
-def reply(tp: ToolPlan | None, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, calls) of a whole reply under the request's ToolPlan (its text as is without one)."""
-    if tp is None:
-        return text, []
-    if tp.forced:
-        calls = forced_reply(text, tp.syntax)
-        return (None if calls else text), calls
-    return split_reply(text, tp.syntax, tp.parallel, tp.names)

