@@ -40,6 +40,9 @@ class ServeOptions:
     port: int = 8000
     shutdown_grace: float = 30.0  # seconds in-flight requests may run on after a shutdown signal
     max_body: int = 4 << 20  # bytes a request body may have; larger ones are answered 413
+    # /v1/embeddings when the model folder has no sentence-transformers config: "last" or "mean" (normalized)
+    pooling: str = "last"
+    matryoshka: bool = False  # /v1/embeddings may cut vectors to `dimensions` (Matryoshka-trained models)
 
     def check(self) -> ServeOptions:
         if self.precision not in PRECISIONS:
@@ -65,6 +68,9 @@ class ServeOptions:
             raise ValueError(f"--prompt-lookup must be an integer >= 0 (0 = off), got {self.prompt_lookup!r}")
         if not isinstance(self.queue, int) or self.queue < 0:
             raise ValueError(f"--queue must be an integer >= 0, got {self.queue!r}")
+        if self.pooling not in ("last", "mean"):
+            raise ValueError(f"--pooling {self.pooling!r}: expected last (the last token's hidden state, as "
+                             "Qwen3-Embedding) or mean (the average over the tokens)")  # fmt: skip
         if not isinstance(self.max_body, int) or self.max_body < 1024:
             raise ValueError(f"--max-body must be an integer of at least 1024 bytes, got {self.max_body!r}")
         if not self.request_timeout > 0:
@@ -104,6 +110,11 @@ FLAG_HELP = {
     "port": "port to listen on",
     "shutdown_grace": "seconds requests in flight may run on after SIGTERM/SIGINT; then they end with an error",
     "max_body": "bytes a request body may have (default 4 MiB); larger ones are answered 413",
+    "pooling": "how /v1/embeddings pools the final hidden states when the model folder has no sentence-transformers "
+    "config (modules.json + 1_Pooling/config.json, which win): last (the last token's, as Qwen3-Embedding) or mean; "
+    "vectors are L2-normalized",
+    "matryoshka": "/v1/embeddings accepts 'dimensions' (vectors cut, then normalized again): for Matryoshka-trained "
+    "models such as Qwen3-Embedding (a config.json with is_matryoshka or matryoshka_dimensions says so too)",
 }
 
 
