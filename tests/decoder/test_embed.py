@@ -3,8 +3,8 @@
 Every family's tiny config (``tests/fixtures/family_cases.py``), float32 and bf16 weights: three inputs of
 different lengths embedded in one call over two slots (two native steps, several sequences in the first),
 pooled "last" and "mean", within 1e-5 of the largest value of HF's float32 ``base_model(ids).last_hidden_state``
-pooled the same way (each input alone, unpadded), normalized or not. int8 / int4 run and stay near them (their
-bar: running; the measured error is stated below). A random Qwen3-Embedding-shaped model saved with a
+pooled the same way (each input alone, unpadded), normalized or not (measured 1e-7 to 1.2e-6, median 5.7e-7).
+int8 / int4 run and stay near them (their bar: running; the measured error is stated below). A random Qwen3-Embedding-shaped model saved with a
 sentence-transformers config (Transformer, last-token Pooling, Normalize) gives
 ``SentenceTransformer(folder).encode``'s vectors.
 """
@@ -66,10 +66,10 @@ def test_embed_within_1e5_of_hf_hidden_states_pooled(case: str, dtype: torch.dty
     assert all(dec.slot_len(s) == 0 for s in range(2))  # the slots are left empty
 
 
-# int8 / int4 on random weights, against the float32 hidden states (last pooling, normalized; cosine distance
-# measured 1e-4 to 4e-3 for int8 and 1e-3 to 4e-2 for int4 on these cases).
+# int8 / int4 on random weights, against the float32 hidden states (last pooling, normalized): cosine distance
+# 1 - cos measured 1.9e-5 to 3.3e-4 for int8 and 4.2e-4 to 1.3e-2 for int4 on these cases.
 QUANT_CASES = ["llama", "qwen3", "gemma3", "phi2", "opt-350m-post-norm", "falcon-7b", "mixtral"]
-COSINE_LOSS = {"int8": 0.02, "int4": 0.1}
+COSINE_LOSS = {"int8": 2e-3, "int4": 5e-2}
 
 
 @pytest.mark.parametrize("case", QUANT_CASES)
