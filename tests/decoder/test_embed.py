@@ -4,9 +4,9 @@ Every family's tiny config (``tests/fixtures/family_cases.py``), float32 and bf1
 different lengths embedded in one call over two slots (two native steps, several sequences in the first),
 pooled "last" and "mean", within 1e-5 of the largest value of HF's float32 ``base_model(ids).last_hidden_state``
 pooled the same way (each input alone, unpadded), normalized or not (measured 1e-7 to 1.2e-6, median 5.7e-7).
-int8 / int4 run and stay near them (their bar: running; the measured error is stated below). A random Qwen3-Embedding-shaped model saved with a
-sentence-transformers config (Transformer, last-token Pooling, Normalize) gives
-``SentenceTransformer(folder).encode``'s vectors.
+int8 / int4 run and stay near them (their bar: running; the measured error is stated below). A random
+Qwen3-Embedding-shaped model saved with a sentence-transformers config (Transformer, last-token Pooling,
+Normalize) gives ``SentenceTransformer(folder).encode``'s vectors.
 """
 
 from __future__ import annotations
