@@ -3,10 +3,12 @@ Face's ``model.model(ids).last_hidden_state``, what sentence-transformers' Pooli
 tokens, optionally L2-normalized, and optionally cut to its first ``dimensions`` values (Matryoshka models).
 
 Sequences are read several per native step (``KwkDecoder.step(..., output="hidden")``), one per slot, up to
-``ROW_BUDGET`` tokens a step (a longer sequence goes alone); each slot is emptied before and after, so what
-it held (a cached prompt) is gone. "last" pooling asks the step for the last row of each sequence only,
-"mean" for every row. The server runs one group per engine loop (``serve/embeddings.py``) through
-``check``, ``groups`` and ``run_group``; ``KwkDecoder.embed`` runs them all.
+``ROW_BUDGET`` tokens a step (a longer sequence goes alone); each slot is emptied before and after, so what it held
+(a cached prompt) is gone. A LongRoPE model's sequences longer than its switch are read in other steps than the
+shorter ones (``long_from``), so each gets the rotary set Hugging Face gives it alone. "last" pooling asks the step
+for the last row of each sequence only, "mean" for every row. The server runs one group per engine loop
+(``serve/embeddings.py``) through ``check``, ``order``, ``groups`` and ``run_group``; ``KwkDecoder.embed`` runs them
+all.
 
 Numerical contract: the hidden rows are the decoder's float32 forward (within 1e-5 of the largest value of
 HF's float32 hidden states with unquantized weights, tests/decoder/test_embed.py); pooling is float32 as
@@ -57,12 +59,31 @@ def check(dec: Any, seqs: Sequence[torch.Tensor], pooling: str) -> None:
                              f"{dec.max_context}")  # fmt: skip
 
 
-def groups(lengths: Sequence[int], slots: int, budget: int = ROW_BUDGET) -> list[range]:
+def long_from(dec: Any) -> int | None:
+    """LongRoPE's switch (a call whose sequence has more tokens than this rotates with the long set: Phi-3/4),
+    or None. Hugging Face picks the set per call from its longest sequence, so a step must not mix sequences
+    on both sides of it."""
+    cached = getattr(dec, "_embed_long_from", False)
+    if cached is False:
+        pos = dec.describe()["recipe"]["positions"]
+        ropes = pos.get("rotary", {}).get("ropes", []) if isinstance(pos, dict) else []
+        lens = [int(r["long"]["from_len"]) for r in ropes if r.get("long")]
+        cached = dec._embed_long_from = min(lens) if lens else None
+    return cached
+
+
+def order(lengths: Sequence[int], switch: int | None) -> list[int]:
+    """The order sequences are read in: as given, those up to ``switch`` tokens before longer ones."""
+    return sorted(range(len(lengths)), key=lambda i: switch is not None and lengths[i] > switch)
+
+
+def groups(lengths: Sequence[int], slots: int, budget: int = ROW_BUDGET, switch: int | None = None) -> list[range]:
     """Consecutive runs of sequences read in one step each: at most ``slots`` sequences and ``budget`` tokens
-    (a sequence longer than the budget alone)."""
+    (a sequence longer than the budget alone), not mixing sequences on both sides of ``switch`` tokens."""
     out, start, tokens = [], 0, 0
+    side = [switch is not None and n > switch for n in lengths]
     for i, n in enumerate(lengths):
-        if i > start and (i - start == slots or tokens + n > budget):
+        if i > start and (i - start == slots or tokens + n > budget or side[i] != side[start]):
             out.append(range(start, i))
             start, tokens = i, 0
         tokens += n
@@ -109,8 +130,13 @@ def embed(dec: Any, ids_or_batch: Any, pooling: str, normalize: bool, slots: Seq
         raise ValueError(f"kwker: slots={list(slots or [])}: give distinct slots of this decoder "
                          f"(0..{dec.max_batch - 1})")  # fmt: skip
     dec._check_reentry()
+    switch = long_from(dec)
+    idx = order([len(t) for t in seqs], switch)
+    seqs = [seqs[i] for i in idx]
     with dec._gen_lock:  # (generate() picks slots under the same lock)
         parts = [run_group(dec, seqs[g.start : g.stop], use, pooling)
-                 for g in groups([len(t) for t in seqs], len(use))]  # fmt: skip
-    out = finish(torch.cat(parts), normalize)
+                 for g in groups([len(t) for t in seqs], len(use), switch=switch)]  # fmt: skip
+    pooled = torch.empty(len(idx), dec.hidden_size)
+    pooled[idx] = torch.cat(parts)
+    out = finish(pooled, normalize)
     return out[0] if single else out

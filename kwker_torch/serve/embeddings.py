@@ -113,7 +113,10 @@ class EmbedJob:
 
     def __init__(self, e: Engine, seqs: list[torch.Tensor], mode: str, loop: asyncio.AbstractEventLoop,
                  future: asyncio.Future[torch.Tensor], error: Callable[[int, str], Exception]) -> None:  # fmt: skip
-        self.dec, self.seqs, self.mode = e.dec, seqs, mode
+        self.dec, self.mode = e.dec, mode
+        self.switch = emb.long_from(e.dec)
+        self.idx = emb.order([len(t) for t in seqs], self.switch)
+        self.seqs = [seqs[i] for i in self.idx]
         self.loop, self.future, self.error = loop, future, error
         self.at = 0
         self.parts: list[torch.Tensor] = []
@@ -121,12 +124,14 @@ class EmbedJob:
     def run(self, free: list[int]) -> bool:
         if self.future.done():  # (the client left)
             return True
-        g = emb.groups([len(t) for t in self.seqs[self.at :]], len(free))[0]
+        g = emb.groups([len(t) for t in self.seqs[self.at :]], len(free), switch=self.switch)[0]
         self.parts.append(emb.run_group(self.dec, self.seqs[self.at : self.at + len(g)], free, self.mode))
         self.at += len(g)
         if self.at < len(self.seqs):
             return False
-        self.loop.call_soon_threadsafe(self._resolve, torch.cat(self.parts), None)
+        pooled = torch.empty(len(self.idx), self.dec.hidden_size)
+        pooled[self.idx] = torch.cat(self.parts)
+        self.loop.call_soon_threadsafe(self._resolve, pooled, None)
         return True
 
     def fail(self, message: str, status: int) -> None:

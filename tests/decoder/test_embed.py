@@ -116,6 +116,23 @@ def test_slots_and_rows_per_step() -> None:
     assert rel(got, hf_pooled(model, seqs, "last")) <= TOL
 
 
+def test_longrope_inputs_on_either_side_of_the_switch_each_get_hfs_own_rotation() -> None:
+    """Phi-4-mini's LongRoPE switches at 16 tokens in the tiny config: a 20-token input is read in another step than
+    the shorter ones, so each gets the rotary set HF gives it alone."""
+    from kwker_torch.decoder.embed import groups, order
+
+    assert order([20, 5, 30, 9], 16) == [1, 3, 0, 2] and order([20, 5], None) == [0, 1]
+    assert groups([5, 9, 20, 30], 8, switch=16) == [range(0, 2), range(2, 4)]
+    model = tiny("phi4-mini-longrope")
+    g = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(3, 1000, (n,), generator=g).tolist() for n in (20, 5, 13)]
+    dec = KwkDecoder.from_hf(model, max_batch=3, max_context=32)
+    before = dec.native_steps
+    got = dec.embed(seqs, normalize=False)
+    assert dec.native_steps - before == 2
+    assert rel(got, hf_pooled(model, seqs, "last")) <= TOL
+
+
 TEXTS = ["The lighthouse keeper opened the bottle.", "A short one", "Retrieval beside chat: embeddings from the "
          "same server, pooled at the last token as Qwen3-Embedding is."]  # fmt: skip
 
