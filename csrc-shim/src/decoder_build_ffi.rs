@@ -2,10 +2,10 @@
 //! releases the GIL for each call): `kwker_decoder_builder` (the recipe as JSON and the limits), one
 //! `kwker_decoder_set` / `kwker_decoder_set_packed` per tensor, by its name in the tensor table
 //! (copied in and checked), then `kwker_decoder_build`. `kwker_decoder_abi` hands Python every code
-//! that crosses this boundary (tensor names, dtypes, formats, logits modes, finish reasons), so each
-//! is defined once, here and in the kernels crate.
+//! that crosses this boundary (tensor names, dtypes, formats, logits modes, step outputs, finish
+//! reasons), so each is defined once, here and in the kernels crate.
 use crate::decoder_handle::{c_str, pool, raw_slice, size, write_out, Handle};
-use crate::decoder_step_ffi::{FINISH_CODES, LOGITS_CODES};
+use crate::decoder_step_ffi::{FINISH_CODES, LOGITS_CODES, OUTPUT_CODES};
 use crate::error::guarded;
 use kwker_kernels::decoder::builder::{Builder, Data, Store};
 use kwker_kernels::decoder::recipe::{KvFormat, Limits, Recipe};
@@ -17,15 +17,15 @@ use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
 /// Version of this boundary; `native.py` refuses a library of another.
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 10;
 
 /// Element types a tensor can be handed over in.
 const DTYPES: [&str; 2] = ["f32", "bf16"];
 
 /// The codes of this boundary as JSON: {"version", "tensors": [{name, per_layer, per_expert, matrix, about}],
 /// "dtypes", "formats", "stores", "quant": [{name, granule, bits, super_row_bytes}], "logits": {mode: code},
-/// "finish": {code: reason}, "gguf": {ggml type name: id}}. "gguf" lists the GGUF tensor types
-/// `kwker_decoder_set_gguf` repacks (`quant::gguf`); "quant" is the quantized formats' table (`quant::Format`): what k must be a
+/// "outputs": {step output: code}, "finish": {code: reason}, "gguf": {ggml type name: id}}. "gguf" lists the GGUF
+/// tensor types `kwker_decoder_set_gguf` repacks (`quant::gguf`); "quant" is the quantized formats' table (`quant::Format`): what k must be a
 /// multiple of, bits per weight of whole blocks, and for the super-block formats the bytes per row of a
 /// super-block of t = 0..=8 sub-blocks (null otherwise), so the Python side never copies it.
 ///
@@ -57,6 +57,7 @@ pub unsafe extern "C" fn kwker_decoder_abi(
                 "super_row_bytes": f.is_super().then(|| (0..=8).map(|t| f.super_row_bytes(t)).collect::<Option<Vec<_>>>()).flatten(),
             })),
             "logits": LOGITS_CODES.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
+            "outputs": OUTPUT_CODES.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
             "finish": FINISH_CODES.iter().map(|(n, c)| (c.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
             "gguf": GGUF_TYPES.iter().map(|(n, c)| (n.to_string(), json!(c))).collect::<serde_json::Map<_, _>>(),
         });

@@ -7,11 +7,14 @@ use crate::decoder_handle::{handle, lock, pool, raw_slice, size, with_pool};
 use crate::error::guarded;
 use kwker_kernels::decoder::generate::{generate, Finish, GenParams};
 use kwker_kernels::decoder::sample::SampleParams;
-use kwker_kernels::decoder::{Logits, SeqStep};
+use kwker_kernels::decoder::{Logits, Output, SeqStep};
 use std::ffi::{c_char, c_void};
 
 /// Logits modes of `kwker_decoder_step` (handed to Python by `kwker_decoder_abi`).
 pub const LOGITS_CODES: [(&str, i32); 3] = [("none", 0), ("last", 1), ("all", 2)];
+/// What `kwker_decoder_step` writes for the rows asked for: logits, or the final normed hidden rows
+/// (likewise).
+pub const OUTPUT_CODES: [(&str, i32); 2] = [("logits", 0), ("hidden", 1)];
 /// Finish reasons of `kwker_decoder_generate` (likewise).
 pub const FINISH_CODES: [(&str, i32); 3] = [("stop", 0), ("length", 1), ("callback", 2)];
 
@@ -41,6 +44,15 @@ fn logits_mode(c: i32) -> Result<Logits, String> {
     }
 }
 
+fn output_kind(c: i32) -> Result<Output, String> {
+    let name = OUTPUT_CODES.iter().find(|(_, v)| *v == c).map(|(n, _)| *n);
+    match name {
+        Some("logits") => Ok(Output::Logits),
+        Some("hidden") => Ok(Output::Hidden),
+        _ => Err(format!("unknown step output {c}")),
+    }
+}
+
 fn finish_code(f: Finish) -> i32 {
     let name = match f {
         Finish::Stop => "stop",
@@ -54,8 +66,9 @@ fn finish_code(f: Finish) -> i32 {
 }
 
 /// One step over `n_seqs` sequences: sequence i appends `n_tokens[i]` tokens (concatenated in
-/// `tokens`) to slot `slots[i]` and returns the logits its `modes[i]` asks for (`LOGITS_CODES`)
-/// into `logits` (`logits_len` floats = rows wanted * vocab).
+/// `tokens`) to slot `slots[i]` and returns, for the rows its `modes[i]` asks for (`LOGITS_CODES`),
+/// what `output` names (`OUTPUT_CODES`: logits, or the final normed hidden rows) into `logits`
+/// (`logits_len` floats = rows wanted * vocab, or * the hidden width).
 ///
 /// # Safety
 /// `h` a live decoder; `slots`, `n_tokens`, `modes` hold `n_seqs` values; `tokens` holds their sum;
@@ -69,6 +82,7 @@ pub unsafe extern "C" fn kwker_decoder_step(
     n_tokens: *const i64,
     tokens: *const i64,
     modes: *const i32,
+    output: i32,
     logits: *mut f32,
     logits_len: i64,
     err: *mut c_char,
@@ -77,6 +91,7 @@ pub unsafe extern "C" fn kwker_decoder_step(
     guarded(err, err_len, || {
         // SAFETY: forwarded caller guarantees.
         let h = unsafe { handle(h)? };
+        let output = output_kind(output)?;
         let n = size(n_seqs, "the number of sequences")?;
         // SAFETY: n values each (caller's contract).
         let (slots, counts, modes) = unsafe {
@@ -114,7 +129,7 @@ pub unsafe extern "C" fn kwker_decoder_step(
             unsafe { std::slice::from_raw_parts_mut(logits, len) }
         };
         let mut dec = lock(h);
-        with_pool(|par| dec.step(current_isa(), par, &batch, out))
+        with_pool(|par| dec.step_as(current_isa(), par, &batch, output, out))
     })
 }
 

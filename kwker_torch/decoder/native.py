@@ -1,7 +1,7 @@
 """The decoder's C entry points (``csrc-shim/src/decoder_*_ffi.rs``) through ctypes, which releases the GIL
 for each call, and every code that crosses that boundary, read from the library itself
-(``kwker_decoder_abi``): tensor names, dtypes, storage formats, logits modes and finish reasons are defined
-once, in Rust, and nowhere here.
+(``kwker_decoder_abi``): tensor names, dtypes, storage formats, logits modes, step outputs and finish reasons
+are defined once, in Rust, and nowhere here.
 
 Calls that return JSON or bytes use a two-call protocol (ask with a buffer, learn the size needed, ask
 again); every call reports failures as a message that ``check`` raises.
@@ -18,7 +18,7 @@ import torch
 
 from ..ops import native as _native
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 ERR_LEN = 2048
 
 LIB = _native.LIB
@@ -65,7 +65,7 @@ _SIGS: dict[str, tuple[Any, list[Any]]] = {
     "kwker_decoder_export": (I32, [P, STR, I64, I64, STR, i64p, i64p, P, SZ, SZP, STR, SZ]),
     "kwker_decoder_export_values": (I32, [P, STR, I64, I64, STR, i64p, i64p, P, SZ, SZP, STR, SZ]),
     "kwker_decoder_weight_bytes": (I64, [P]),
-    "kwker_decoder_step": (I32, [P, I64, i64p, i64p, i64p, i32p, f32p, I64, STR, SZ]),
+    "kwker_decoder_step": (I32, [P, I64, i64p, i64p, i64p, i32p, I32, f32p, I64, STR, SZ]),
     "kwker_decoder_slot_len": (I64, [P, I64]),
     "kwker_decoder_slot_min_len": (I64, [P, I64]),
     "kwker_decoder_kv_bytes": (I64, [P, I32]),
@@ -138,6 +138,8 @@ ABI = _abi()
 TENSORS: dict[str, dict[str, Any]] = {t["name"]: t for t in ABI["tensors"]}
 MATRICES = tuple(n for n, t in TENSORS.items() if t["matrix"])
 LOGITS: dict[str, int] = ABI["logits"]
+# What a step writes for the rows asked for: "logits", or "hidden" (the final normed hidden state).
+OUTPUTS: dict[str, int] = ABI["outputs"]
 FINISH: dict[int, str] = {int(c): n for c, n in ABI["finish"].items()}
 # The quantized formats' table (rust/src/quant.rs: Format), by name: {granule, bits, super_row_bytes}.
 QUANT_FORMATS: dict[str, dict[str, Any]] = {f["name"]: f for f in ABI["quant"]}

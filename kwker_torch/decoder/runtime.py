@@ -4,6 +4,7 @@ Rust per step, over a ragged batch of sequence slots (the runtime: slots, steps,
     dec = KwkDecoder.from_hf(model, max_batch=4, max_context=2048)
     out = dec.generate(prompt_ids, max_new_tokens=64)            # native loop: greedy or sampling
     logits = dec.step([(0, prompt_a), (1, [tok_b])])             # prompt chunk and decode token, one pass
+    vecs = dec.embed([ids_a, ids_b], pooling="last")             # final hidden states pooled (embed.py)
     dec.truncate(0, 10); dec.copy_prefix(0, 1, 10); dec.reset()  # slot verbs for speculation / prompt cache
 
 Weights are copied into the decoder once (``build.py``; ``precision="preserve"``: the checkpoint's own
@@ -31,7 +32,7 @@ import torch
 
 from . import native
 from .common import PRECISIONS, PROMPT_LOOKUP, Completion, eos_ids
-from .native import CALLBACK, FINISH, LOGITS, DecoderError, GenParams
+from .native import CALLBACK, FINISH, LOGITS, OUTPUTS, DecoderError, GenParams
 
 log = logging.getLogger("kwker_torch")
 
@@ -51,6 +52,8 @@ class KwkDecoder:
         self.config = cfg
         self.family = family  # the mapping it was built with (families/): "Llama", "Gemma 3", ...
         self.vocab_size = vocab
+        # Width of a hidden row (step(output="hidden"), embed()): the lm_head's input, embed_dim wide.
+        self.hidden_size = int(native.describe(self._h)["recipe"]["embed_dim"])
         self.max_batch = max_batch
         self.max_context = max_context
         self.info = info  # what was stored how (dtypes, bytes): for reports and tests
@@ -278,13 +281,18 @@ class KwkDecoder:
         self,
         seqs: Sequence[tuple[int, Sequence[int] | torch.Tensor]],
         logits: str | Sequence[str] = "last",
+        output: str = "logits",
     ) -> list[torch.Tensor]:
         """One native pass over the weights for several sequences: ``seqs`` is a list of (slot, new tokens)
         whose tokens follow what each slot holds (a prompt or a chunk of one, or one decode token). Returns,
         per sequence, the float32 logits ``logits`` asks for ("last": [1, vocab], "all": [n, vocab],
-        "none": [0, vocab]); one mode for all or one per sequence."""
+        "none": [0, vocab]); one mode for all or one per sequence. ``output="hidden"`` returns those rows'
+        final normed hidden states instead ([rows, hidden_size]: the lm_head's input, Hugging Face's
+        ``last_hidden_state``), what ``embed`` pools."""
         if not seqs:
             raise ValueError("kwker: step() needs at least one (slot, tokens) pair")
+        if output not in OUTPUTS:
+            raise ValueError(f"kwker: output={output!r}; expected one of {list(OUTPUTS)}")
         modes = [logits] * len(seqs) if isinstance(logits, str) else list(logits)
         if len(modes) != len(seqs):
             raise ValueError(f"kwker: {len(modes)} logits modes for {len(seqs)} sequences")
@@ -294,13 +302,15 @@ class KwkDecoder:
         toks = [self._tokens(t, f"the tokens of sequence {i}") for i, (_, t) in enumerate(seqs)]
         counts = [len(t) for t in toks]
         rows = [{"none": 0, "last": 1 if n else 0, "all": n}[m] for m, n in zip(modes, counts, strict=True)]
-        out = torch.empty(sum(rows), self.vocab_size, dtype=torch.float32)
+        width = self.vocab_size if output == "logits" else self.hidden_size
+        out = torch.empty(sum(rows), width, dtype=torch.float32)
         slots, n_tok = _i64([s for s, _ in seqs]), _i64(counts)
         flat = torch.cat(toks) if toks else torch.empty(0, dtype=torch.int64)
         mode_t = torch.tensor([LOGITS[m] for m in modes], dtype=torch.int32)
         self._call(
             native.LIB.kwker_decoder_step, len(seqs), _ptr(slots, ctypes.c_int64), _ptr(n_tok, ctypes.c_int64),
-            _ptr(flat, ctypes.c_int64), _ptr(mode_t, ctypes.c_int32), _ptr(out, ctypes.c_float), out.numel(),
+            _ptr(flat, ctypes.c_int64), _ptr(mode_t, ctypes.c_int32), OUTPUTS[output], _ptr(out, ctypes.c_float),
+            out.numel(),
         )  # fmt: skip
         with self._count_lock:
             self.native_steps += 1
@@ -311,6 +321,23 @@ class KwkDecoder:
         self.reset(slot)
         (logits,) = self.step([(slot, ids)], logits="all")
         return logits
+
+    def embed(
+        self,
+        ids_or_batch: Sequence[int] | torch.Tensor | Sequence[Sequence[int] | torch.Tensor],
+        pooling: str = "last",
+        normalize: bool = True,
+        *,
+        slots: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Embeddings: each sequence's final normed hidden state (Hugging Face's ``last_hidden_state``, what
+        sentence-transformers pools) pooled by ``pooling`` ("last": the last token's row, as Qwen3-Embedding;
+        "mean": the average of its rows), L2-normalized when ``normalize``. One sequence (1-D ids) gives
+        [hidden_size], a list of them [n, hidden_size] (float32). Sequences are read several per native step,
+        one per slot of ``slots`` (default: every slot), which are emptied (``embed.py``)."""
+        from . import embed
+
+        return embed.embed(self, ids_or_batch, pooling, normalize, slots)
 
     # ---- generation
     def generate(

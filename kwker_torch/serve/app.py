@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP app (FastAPI on Starlette): ``/v1/chat/completions`` (with tool calls, tools.py;
-reasoning, reasoning.py; each choice's reply split and shaped by chat.py),
-``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics`` and a chat page at ``/`` (page.py), over one
-continuous-batching Engine.
+reasoning, reasoning.py; each choice's reply split and shaped by chat.py), ``/v1/completions``,
+``/v1/embeddings`` (embeddings.py), ``/v1/models``, ``/health``, ``/metrics`` and a chat page at ``/`` (page.py),
+over one continuous-batching Engine.
 
 ``create_app(opts)`` returns the app; its lifespan loads the model and starts the engine at startup, and
 at shutdown lets requests in flight finish for ``opts.shutdown_grace`` seconds before ending the rest.
@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import hf as models
 from . import tools
 from .chat import ChoiceSplit, ReplyPlan, usage
+from .embeddings import add_embeddings
 from .engine import Closed, Engine, QueueFull
 from .flight import Flight, chat_logprobs, new_id, text_logprobs
 from .grammar import GrammarError, Grammars
@@ -489,6 +490,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         ech = [echo[i // body.n] for i in range(len(prompts) * body.n)] if body.echo else []
         return await respond(request, flight, body, False, ech)
 
+    add_embeddings(app, opts, eng, check_model, ApiError, count)  # POST /v1/embeddings (embeddings.py)
     return app
 
 

@@ -24,8 +24,12 @@ Exactness: every row of a step is computed as if alone (the decoder's rows do no
 request gets the tokens ``KwkDecoder.generate`` gives it alone, whatever else is in flight (tested); with
 drafts a token is kept only where it is the model's own choice, so the text is the same.
 
-Threads: ``submit``/``cancel``/``shutdown`` may be called from any thread; only the engine thread calls
-the decoder. A client that disconnects cancels its request, which frees its slot at the next step.
+Jobs (``submit_job``; embeddings.py): work that needs slots but generates nothing runs on the engine thread
+too, one piece per loop before new requests are admitted, on the free slots least recently used first (so
+chat prefixes are kept where a slot is to spare); a job leaves its slots empty.
+
+Threads: ``submit``/``submit_job``/``cancel``/``shutdown`` may be called from any thread; only the engine thread
+calls the decoder. A client that disconnects cancels its request, which frees its slot at the next step.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -106,6 +110,19 @@ class Request:
         return self.fed < len(self.prompt)
 
 
+class Job(Protocol):
+    """Slot work that is not a generation (embeddings.py's EmbedJob), run on the engine thread."""
+
+    def run(self, free: list[int]) -> bool:
+        """Runs one piece (one native step) on some of ``free`` (at least one slot, least recently used first),
+        leaving them empty; True when the job is done."""
+        ...
+
+    def fail(self, message: str, status: int) -> None:
+        """The job will not run (the server is stopping, or a piece raised)."""
+        ...
+
+
 class Engine:
     def __init__(self, dec: KwkDecoder, tokenizer: Any, *, eos: list[int], queue: int = 64, prefill_chunk: int = 64,
                  metrics: Metrics | None = None, grammars: Any = None,
@@ -127,6 +144,7 @@ class Engine:
         self._queued = 0  # requests submitted and not yet in a slot (under _cv)
         self._waiting: collections.deque[Request] = collections.deque()  # engine thread only
         self._running: dict[int, Request] = {}  # slot -> request (engine thread only)
+        self._jobs: collections.deque[Job] = collections.deque()  # slot work waiting or in progress (under _cv)
         self._used = [0] * dec.max_batch  # when each slot was last given out (least recently used first)
         self._clock = 0
         self._closing = False
@@ -151,6 +169,14 @@ class Engine:
             self.metrics.queue_depth.set(self._queued)
             self._cv.notify()
 
+    def submit_job(self, job: Job) -> None:
+        """Queues slot work that generates nothing (see the module's header). Raises Closed."""
+        with self._cv:
+            if self._closing or not self._thread.is_alive():
+                raise Closed("the server is shutting down")
+            self._jobs.append(job)
+            self._cv.notify()
+
     def cancel(self, req: Request) -> None:
         req.cancelled = True
         with self._cv:
@@ -158,9 +184,9 @@ class Engine:
 
     @property
     def busy(self) -> int:
-        """Requests queued or running."""
+        """Requests queued or running, and jobs."""
         with self._cv:
-            return self._queued + len(self._running)
+            return self._queued + len(self._running) + len(self._jobs)
 
     def forget(self) -> None:
         """Empties every slot's cached text (benchmarks and demos that must read prompts cold). Only while
@@ -202,7 +228,7 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not self._inbox and not self._waiting and not self._running and not self._stop:
+                while not (self._inbox or self._waiting or self._running or self._jobs or self._stop):
                     self._cv.wait()
                 self._waiting.extend(self._inbox)
                 self._inbox.clear()
@@ -212,6 +238,7 @@ class Engine:
                 return
             try:
                 self._reap()
+                self._run_job()
                 self._admit()
                 if self._running:
                     self._step()
@@ -225,6 +252,23 @@ class Engine:
                         self.dec.truncate(slot, 0)
                     except Exception:  # noqa: BLE001  (a slot that cannot be emptied is only not reused)
                         log.exception("kwker serve: slot %d could not be emptied", slot)
+
+    def _run_job(self) -> None:
+        """One piece of the oldest job, on the free slots (none free: it waits for a request to end)."""
+        with self._cv:
+            job = self._jobs[0] if self._jobs else None
+        free = sorted((s for s in range(self.dec.max_batch) if s not in self._running), key=lambda s: self._used[s])
+        if job is None or not free:
+            return
+        try:
+            done = job.run(free)
+        except Exception as e:  # noqa: BLE001  (the job fails alone)
+            log.exception("kwker serve: a job failed")
+            job.fail(f"the decoder failed: {e}", 500)
+            done = True
+        if done:
+            with self._cv:
+                self._jobs.popleft()
 
     def _reap(self) -> None:
         now = time.monotonic()
@@ -409,6 +453,10 @@ class Engine:
     def _fail_all(self, message: str, status: int) -> None:
         for req in [*self._waiting, *self._running.values(), *self._inbox]:
             self._finish(req, error=message, status=status)
+        with self._cv:
+            jobs, self._jobs = list(self._jobs), collections.deque()
+        for job in jobs:
+            job.fail(message, status)
 
     def _count_rate(self, made: int) -> None:
         now = time.monotonic()

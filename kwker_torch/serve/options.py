@@ -44,6 +44,9 @@ class ServeOptions:
     # how streamed tool calls arrive unless a request says (its tool_call_stream): "fragments" (OpenAI's shape:
     # the call's id and name, then its arguments as written) or "whole" (one chunk per call, arguments complete)
     tool_call_stream: str = "fragments"
+    # /v1/embeddings when the model folder has no sentence-transformers config: "last" or "mean" (normalized)
+    pooling: str = "last"
+    matryoshka: bool = False  # /v1/embeddings may cut vectors to `dimensions` (Matryoshka-trained models)
 
     def check(self) -> ServeOptions:
         if self.precision not in PRECISIONS:
@@ -69,6 +72,9 @@ class ServeOptions:
             raise ValueError(f"--prompt-lookup must be an integer >= 0 (0 = off), got {self.prompt_lookup!r}")
         if not isinstance(self.queue, int) or self.queue < 0:
             raise ValueError(f"--queue must be an integer >= 0, got {self.queue!r}")
+        if self.pooling not in ("last", "mean"):
+            raise ValueError(f"--pooling {self.pooling!r}: expected last (the last token's hidden state, as "
+                             "Qwen3-Embedding) or mean (the average over the tokens)")  # fmt: skip
         if not isinstance(self.max_body, int) or self.max_body < 1024:
             raise ValueError(f"--max-body must be an integer of at least 1024 bytes, got {self.max_body!r}")
         if self.tool_call_stream not in TOOL_CALL_STREAMS:
@@ -114,6 +120,11 @@ FLAG_HELP = {
     "tool_call_stream": "how streamed tool calls arrive unless a request's tool_call_stream says: fragments (as "
     "OpenAI: the call's id and name first, then its arguments as the model writes them) or whole (one chunk per "
     "call with its arguments complete)",
+    "pooling": "how /v1/embeddings pools the final hidden states when the model folder has no sentence-transformers "
+    "config (modules.json + 1_Pooling/config.json, which win): last (the last token's, as Qwen3-Embedding) or mean; "
+    "vectors are L2-normalized",
+    "matryoshka": "/v1/embeddings accepts 'dimensions' (vectors cut, then normalized again): for Matryoshka-trained "
+    "models such as Qwen3-Embedding (a config.json with is_matryoshka or matryoshka_dimensions says so too)",
 }
 
 

@@ -37,7 +37,7 @@ pub mod weights;
 
 use cache::KvCache;
 use ctx::{Model, Scratch};
-pub use forward::{Logits, SeqStep};
+pub use forward::{Logits, Output, SeqStep};
 use recipe::{Limits, Positions, Recipe};
 use rope::RopeTables;
 use weights::Weights;
@@ -253,12 +253,29 @@ impl Decoder {
         batch: &[SeqStep<'_>],
         logits: &mut [f32],
     ) -> Result<(), String> {
+        self.step_as(isa, par, batch, Output::Logits, logits)
+    }
+
+    /// `step`, writing `output` for the rows each sequence's mode asks for: the logits, or the final
+    /// normed hidden rows ([logit_rows(batch), output.width()], row-major).
+    pub fn step_as(
+        &mut self,
+        isa: Isa,
+        par: &dyn Parallel,
+        batch: &[SeqStep<'_>],
+        output: Output,
+        out: &mut [f32],
+    ) -> Result<(), String> {
         self.check_batch(batch)?;
-        let need = Self::logit_rows(batch) * self.recipe.vocab;
-        if logits.len() != need {
+        let need = Self::logit_rows(batch) * output.width(&self.recipe);
+        if out.len() != need {
+            let what = match output {
+                Output::Logits => "logits",
+                Output::Hidden => "hidden-state",
+            };
             return Err(format!(
-                "the logits buffer holds {} floats, the batch needs {need}",
-                logits.len()
+                "the {what} buffer holds {} floats, the batch needs {need}",
+                out.len()
             ));
         }
         if !isa.is_supported() {
@@ -277,7 +294,8 @@ impl Decoder {
             &mut self.cache,
             &mut self.scratch,
             batch,
-            logits,
+            output,
+            out,
         );
         Ok(())
     }

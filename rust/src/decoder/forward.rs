@@ -6,8 +6,10 @@
 //!
 //!   x = embed(tokens) [-> proj_in] [* embed_scale] [+ pos_embed(position + offset)]
 //!   per layer: as the recipe composes it (`layer.rs`)
-//!   logits of the rows asked for = [final_norm] [-> proj_out] -> lm_head (+ bias)
-//!                                   [/ logit_divisor] [-> final soft-cap]
+//!   hidden of the rows asked for = [final_norm] [-> proj_out]   (HF's `last_hidden_state`)
+//!   logits of the rows asked for = hidden -> lm_head (+ bias) [/ logit_divisor] [-> final soft-cap]
+//!
+//! A step returns either (`Output`): the logits, or the hidden rows themselves (embeddings).
 //!
 //! A later window sees the K/V the earlier windows wrote, so a long prompt may span windows. The
 //! LongRoPE table (short or long) is picked once per step from the step's largest position, as
@@ -50,6 +52,26 @@ impl Logits {
     }
 }
 
+/// What a step writes for the rows its sequences ask for (`Logits` says which rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// [rows, vocab]: the next-token logits.
+    Logits,
+    /// [rows, embed_dim]: the final normed hidden state, the lm_head's input (after `proj_out` where
+    /// the model has one), which Hugging Face returns as `last_hidden_state` and embedders pool.
+    Hidden,
+}
+
+impl Output {
+    /// Floats per row.
+    pub fn width(self, r: &super::recipe::Recipe) -> usize {
+        match self {
+            Output::Logits => r.vocab,
+            Output::Hidden => r.embed_dim,
+        }
+    }
+}
+
 /// One sequence of a step: `tokens` follow what `slot` already holds.
 #[derive(Clone, Copy, Debug)]
 pub struct SeqStep<'a> {
@@ -58,8 +80,9 @@ pub struct SeqStep<'a> {
     pub logits: Logits,
 }
 
-/// Runs a validated batch (see `Decoder::step`): writes K/V and tokens into the slots and the wanted
-/// logits, sequence by sequence, into `logits` ([rows wanted, vocab]).
+/// Runs a validated batch (see `Decoder::step_as`): writes K/V and tokens into the slots and the
+/// wanted rows' `output`, sequence by sequence, into `out` ([rows wanted, output.width()]).
+#[allow(clippy::too_many_arguments)]
 pub fn step(
     model: &Model<'_>,
     isa: Isa,
@@ -67,7 +90,8 @@ pub fn step(
     cache: &mut KvCache,
     s: &mut Scratch,
     batch: &[SeqStep<'_>],
-    logits: &mut [f32],
+    output: Output,
+    out: &mut [f32],
 ) {
     let r = model.r;
     // Flatten the batch: row -> (slot, position, token), and the rows whose logits are wanted.
@@ -121,9 +145,9 @@ pub fn step(
             .collect();
         if !want.is_empty() {
             let m = want.len();
-            let v = r.vocab;
-            let y = &mut logits[out_row * v..(out_row + m) * v];
-            head(model, isa, par, s, &want, y);
+            let v = output.width(r);
+            let y = &mut out[out_row * v..(out_row + m) * v];
+            head(model, isa, par, s, &want, output, y);
             out_row += m;
         }
         w0 = w1;
@@ -186,13 +210,14 @@ fn segments(rows: &[Row]) -> Vec<Segment> {
     segs
 }
 
-/// Logits of the window's rows `want` into `y` ([want.len(), vocab]).
+/// `output` of the window's rows `want` into `y` ([want.len(), output.width()]).
 fn head(
     model: &Model<'_>,
     isa: Isa,
     par: &dyn Parallel,
     s: &mut Scratch,
     want: &[usize],
+    output: Output,
     y: &mut [f32],
 ) {
     let (r, w) = (model.r, model.w);
@@ -209,6 +234,10 @@ fn head(
     if let Some(p) = w.mat_opt(Tensor::ProjOut, 0) {
         lin(isa, par, input, m, p, None, &mut s.e);
         input = &s.e[..m * r.embed_dim];
+    }
+    if output == Output::Hidden {
+        y.copy_from_slice(input);
+        return;
     }
     lin(
         isa,
