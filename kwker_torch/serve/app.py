@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP app (FastAPI on Starlette): ``/v1/chat/completions`` (with tool calls, tools.py;
 reasoning, reasoning.py; each choice's reply split and shaped by chat.py), ``/v1/completions``,
-``/v1/embeddings`` (embeddings.py), ``/v1/models``, ``/health``, ``/metrics`` and a chat page at ``/`` (page.py),
-over one continuous-batching Engine.
+``/v1/responses`` (responses.py, through the chat path's own machinery), ``/v1/embeddings`` (embeddings.py),
+``/v1/models``, ``/health``, ``/metrics`` and a chat page at ``/`` (page.py), over one continuous-batching Engine.
 
 ``create_app(opts)`` returns the app; its lifespan loads the model and starts the engine at startup, and
 at shutdown lets requests in flight finish for ``opts.shutdown_grace`` seconds before ending the rest.
@@ -43,6 +43,7 @@ from .metrics import Metrics
 from .options import TOOL_CALL_STREAMS, ServeOptions, load_model
 from .page import add_page
 from .reasoning import ReasoningError, opens_inside, template_kwargs, thinking_of
+from .responses import ChatPath, add_responses
 from .sampling import SamplingParams
 from .schema import ChatCompletionRequest, CompletionRequest, error_body
 from .tools import ToolError
@@ -469,4 +470,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         return await respond(request, flight, body, False, ech)
 
     add_embeddings(app, opts, eng, check_model, ApiError, count)  # POST /v1/embeddings (embeddings.py)
+    # /v1/responses (responses.py); app.state.responses: the responses kept for previous_response_id
+    app.state.responses = add_responses(app, opts, ChatPath(eng, check_model, render_chat, params, start, ApiError,
+                                                            count))  # fmt: skip
     return app
