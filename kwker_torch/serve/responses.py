@@ -25,6 +25,7 @@ unknown (or expired) id is a 404. ``stream``: the events of outputs.py between `
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -47,6 +48,7 @@ from .schema import ChatCompletionRequest, _Strict, error_body
 NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 ROLES = ("user", "system", "developer", "assistant")
 ITEMS = "message, function_call, function_call_output or reasoning"
+ECHOED = ("instructions", "tools", "tool_choice", "metadata", "user", "text", "reasoning")  # (in the response object)
 
 
 class ResponsesRequest(_Strict):
@@ -246,6 +248,12 @@ def _template_kwargs(body: ResponsesRequest, tok: Any) -> Any:
 
 def chat_request(body: ResponsesRequest, messages: list[dict[str, Any]], tok: Any) -> ChatCompletionRequest:
     """The chat request a response runs as (``messages``: the conversation, instructions first)."""
+    for field in ECHOED:  # (sent back in the response object, which must encode as UTF-8)
+        try:
+            json.dumps(getattr(body, field), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise Bad(f"{field} holds text that is not valid Unicode (a lone surrogate); send valid UTF-8 text",
+                      field) from err  # fmt: skip
     if body.background:
         raise Bad("background responses are not supported: every response is answered in its request; leave "
                   "background out", "background")  # fmt: skip

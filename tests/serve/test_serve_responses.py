@@ -7,12 +7,14 @@ Covered: a reply (the chat endpoint's own, greedy), instructions and message ite
 order and sequence numbers; deltas that join to the final text; ``client.responses.stream``), reasoning items
 (and none with thinking off), function calls and a tool round trip (with ``previous_response_id`` and with the
 whole list sent back), forced ``tool_choice``, a reply cut by ``max_output_tokens``, ``previous_response_id``
-reading only the new tokens through the prompt cache, ``store``, GET and DELETE, and the 400s / 404s.
+reading only the new tokens through the prompt cache, ``store``, GET and DELETE, the 400s / 404s, and a
+bounded fuzz run (fixed seed) that must find no 5xx and no 4xx without its field.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -355,6 +357,8 @@ def test_bad_values_are_400s(qwen: Served) -> None:
          "reasoning.effort must be one of none, minimal, low, medium, high, xhigh; got 'extreme'", "reasoning"),
         ({"text": {"format": {"type": "yaml"}}},
          "text.format.type must be text, json_object or json_schema; got 'yaml'", "text"),
+        ({"user": "\udfff"}, "user holds text that is not valid Unicode (a lone surrogate); send valid UTF-8 text",
+         "user"),
         ({"background": True},
          "background responses are not supported: every response is answered in its request; leave background out",
          "background"),
@@ -363,7 +367,8 @@ def test_bad_values_are_400s(qwen: Served) -> None:
          "more. Lower max_output_tokens to at most 1015.", "max_output_tokens"),
     ]  # fmt: skip
     for extra, message, param in bad:
-        r = httpx.post(url + "/v1/responses", json={"model": MODEL, "input": "Hi", **extra}, timeout=60)
+        body = json.dumps({"model": MODEL, "input": "Hi", **extra})  # (ASCII: a lone surrogate as its escape)
+        r = httpx.post(url + "/v1/responses", content=body, headers={"content-type": "application/json"}, timeout=60)
         assert r.status_code == 400, (extra, r.text)
         err = r.json()["error"]
         assert (err["message"], err["type"], err["param"]) == (message, "invalid_request_error", param), extra
@@ -383,3 +388,74 @@ def test_bad_values_are_400s(qwen: Served) -> None:
     with pytest.raises(openai.BadRequestError, match="tools\\[0\\].type 'web_search' is not supported"):
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         client.responses.create(model=MODEL, input="Hi", tools=[{"type": "web_search"}])  # type: ignore[list-item]
+
+
+def _fuzz_bodies(rng: random.Random, n: int) -> Iterator[dict[str, Any]]:
+    """Responses bodies with some fields replaced by junk, or by near misses of what they should be."""
+    junk: list[Any] = [None, 0, -1, 1.5, 3, "", "x", "\udfff", [], {}, [1], {"a": 1}, True, [[[]]], {"type": None}]
+
+    def part() -> Any:
+        return rng.choice([{"type": "input_text", "text": "hi"}, {"type": "output_text", "text": 5},
+                           {"type": "input_image", "image_url": "x"}, "hi", None])  # fmt: skip
+
+    def item() -> Any:
+        return rng.choice([
+            {"role": rng.choice(["user", "assistant", "system", "developer", "tool", None]),
+             "content": rng.choice(["hi", [part(), part()], None, 5])},
+            {"type": "function_call", "call_id": rng.choice(["c1", None]), "name": rng.choice(["add", 5]),
+             "arguments": rng.choice(['{"a": 1}', "{", None])},
+            {"type": "function_call_output", "call_id": rng.choice(["c1", 7]),
+             "output": rng.choice(["5", [part()], 5])},
+            {"type": "reasoning", "content": [{"type": "reasoning_text", "text": rng.choice(["t", 5])}]},
+            {"type": rng.choice(["item_reference", "input_image", None, 5])}])  # fmt: skip
+
+    def tool() -> Any:
+        bad_ref = {"type": "object", "properties": {"a": {"$ref": "http://x"}}}
+        return {"type": rng.choice(["function", "function", "web_search", None]),
+                "name": rng.choice(["add", "", "a" * 70, 5, "get weather"]),
+                "parameters": rng.choice([{"type": "object"}, ADD["parameters"], {"type": "string"}, "x", None,
+                                          bad_ref])}  # fmt: skip
+
+    near: dict[str, Any] = {
+        "input": lambda: rng.choice(["Hi", [item() for _ in range(rng.randint(0, 3))]]),
+        "tools": lambda: [tool() for _ in range(rng.randint(0, 2))],
+        "tool_choice": lambda: rng.choice(["auto", "none", "required", "x", {"type": "function", "name": "add"},
+                                           {"type": "function"}, {"type": "web_search"}]),
+        "reasoning": lambda: {"effort": rng.choice(["none", "low", "extreme", 5, None])},
+        "text": lambda: {"format": rng.choice([{"type": "text"}, {"type": "json_object"}, {"type": "yaml"},
+                                               {"type": "json_schema", "schema": {"type": "object"}},
+                                               {"type": "json_schema"}])},
+        "metadata": lambda: rng.choice([{"k": "v"}, {"k": 5}, {str(i): "v" for i in range(20)}]),
+    }  # fmt: skip
+    fields = ["input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
+              "temperature", "top_p", "stream", "previous_response_id", "store", "metadata", "user", "reasoning",
+              "text", "background", "seed"]  # fmt: skip
+    for _ in range(n):
+        body: dict[str, Any] = {"model": MODEL, "input": "Hi", "max_output_tokens": 3}
+        for field in rng.sample(fields, rng.randint(1, 3)):
+            body[field] = near[field]() if field in near and rng.random() < 0.7 else rng.choice(junk)
+        mt = body.get("max_output_tokens")
+        if mt is None or (isinstance(mt, int) and not isinstance(mt, bool) and mt > 3):
+            body["max_output_tokens"] = 3  # (valid bodies stay short; invalid ones were the point)
+        yield body
+
+
+def test_fuzzed_bodies_get_4xx_naming_their_field_and_never_a_5xx(qwen: Served) -> None:
+    url = qwen[0]
+    seen = {"ok": 0, "4xx": 0}
+    for body in _fuzz_bodies(random.Random(34), 150):
+        r = httpx.post(url + "/v1/responses", content=json.dumps(body), timeout=30,
+                       headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code < 500, (body, r.status_code, r.text[:300])
+        if r.status_code >= 400:
+            seen["4xx"] += 1
+            err = r.json()["error"]
+            assert err["param"] and err["message"], (body, err)
+            continue
+        seen["ok"] += 1
+        if body.get("stream") is True:
+            last = json.loads(r.text.rstrip().rsplit("data: ", 1)[1])
+            assert last["type"] in ("response.completed", "response.incomplete"), (body, r.text[-300:])
+        else:
+            assert r.json()["status"] in ("completed", "incomplete"), body
+    assert seen["ok"] > 10 and seen["4xx"] > 50, seen
