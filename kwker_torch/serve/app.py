@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP app (FastAPI on Starlette): ``/v1/chat/completions`` (with tool calls, tools.py;
 reasoning, reasoning.py; each choice's reply split and shaped by chat.py), ``/v1/completions``,
-``/v1/embeddings`` (embeddings.py), ``/v1/models``, ``/health``, ``/metrics`` and a chat page at ``/`` (page.py),
-over one continuous-batching Engine.
+``/v1/responses`` (responses.py, through the chat path's own machinery), ``/v1/embeddings`` (embeddings.py),
+``/v1/models``, ``/health``, ``/metrics`` and a chat page at ``/`` (page.py), over one continuous-batching Engine.
 
 ``create_app(opts)`` returns the app; its lifespan loads the model and starts the engine at startup, and
 at shutdown lets requests in flight finish for ``opts.shutdown_grace`` seconds before ending the rest.
@@ -28,7 +28,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import hf as models
@@ -36,13 +36,14 @@ from . import tools
 from .chat import ChoiceSplit, ReplyPlan, usage
 from .embeddings import add_embeddings
 from .engine import Closed, Engine, QueueFull
-from .flight import Flight, chat_logprobs, new_id, text_logprobs
+from .flight import Flight, Stream, chat_logprobs, new_id, outcome, sse, text_logprobs
 from .grammar import GrammarError, Grammars
 from .limits import BodyLimit, text_fits
 from .metrics import Metrics
 from .options import TOOL_CALL_STREAMS, ServeOptions, load_model
 from .page import add_page
 from .reasoning import ReasoningError, opens_inside, template_kwargs, thinking_of
+from .responses import ChatPath, add_responses
 from .sampling import SamplingParams
 from .schema import ChatCompletionRequest, CompletionRequest, error_body
 from .tools import ToolError
@@ -215,7 +216,9 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         return model_card()
 
     def params(e: Engine, body: Any, prompt_len: int, max_tokens: int | None, logprobs: bool, top: int,
-               field: str) -> SamplingParams:  # fmt: skip
+               field: str, limit: str = "max_tokens") -> SamplingParams:  # fmt: skip
+        """The sampling parameters of a request whose prompt (the request's ``field``) has ``prompt_len`` tokens;
+        ``limit`` names the field of ``max_tokens``."""
         ctx = e.dec.max_context
         room = ctx - prompt_len
         if room < 1:
@@ -224,8 +227,8 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
                            field, "context_length_exceeded")  # fmt: skip
         if max_tokens is not None and prompt_len + max_tokens > ctx:
             raise ApiError(400, f"This model's maximum context length is {ctx} tokens; the prompt has "
-                           f"{prompt_len} and max_tokens asks for {max_tokens} more. Lower max_tokens to at most "
-                           f"{room}.", "max_tokens", "context_length_exceeded")  # fmt: skip
+                           f"{prompt_len} and {limit} asks for {max_tokens} more. Lower {limit} to at most "
+                           f"{room}.", limit, "context_length_exceeded")  # fmt: skip
         bias = {int(k): float(v) for k, v in (body.logit_bias or {}).items()}
         vocab = e.dec.vocab_size
         if any(not 0 <= t < vocab for t in bias):
@@ -278,23 +281,12 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
                       rp: ReplyPlan | None = None) -> Any:  # fmt: skip
         if body.stream:
             count(request.url.path, 200)
-            return _Stream(flight, stream(flight, body, chat, echo, rp), media_type="text/event-stream")
-        collect = asyncio.ensure_future(gather(flight))
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # (uvicorn gave up on the request at shutdown)
-            flight.cancel()
-            collect.cancel()
-            raise
-        finally:
-            gone.cancel()
-        if not collect.done():  # the client left: free its slots
-            flight.cancel()
-            collect.cancel()
+            return Stream(flight, stream(flight, body, chat, echo, rp), media_type="text/event-stream")
+        got = await outcome(request, flight)
+        if got is None:
             count(request.url.path, 499)
             return JSONResponse(error_body("client disconnected"), status_code=499)
-        texts, toks, finish, failed = collect.result()
+        texts, toks, finish, failed = got.texts, got.toks, got.finish, got.failed
         splits = [ChoiceSplit(rp or ReplyPlan(None), fragments=False) for _ in range(len(flight.reqs))]
         if failed is not None:
             raise ApiError(failed.status, failed.error or "failed", kind="server_error" if failed.status >= 500
@@ -317,20 +309,6 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         return {"id": new_id("chatcmpl" if chat else "cmpl"), "object": kind,
                 "created": flight.created, "model": name, "system_fingerprint": "kwker", "choices": choices,
                 "usage": usage(flight.usage(), splits) if chat else flight.usage()}  # fmt: skip
-
-    async def gather(flight: Flight) -> tuple[list[str], list[list[Any]], list[str | None], Any]:
-        n = len(flight.reqs)
-        texts: list[list[str]] = [[] for _ in range(n)]
-        toks: list[list[Any]] = [[] for _ in range(n)]
-        finish: list[str | None] = [None] * n
-        async for i, ev in flight.events():
-            if ev.error is not None:
-                flight.cancel()
-                return [], [], [], ev
-            texts[i].append(ev.text)
-            toks[i].extend(ev.tokens)
-            finish[i] = ev.finish or finish[i]
-        return ["".join(t) for t in texts], toks, finish, None
 
     async def stream(flight: Flight, body: Any, chat: bool, echo: list[str],
                      rp: ReplyPlan | None = None) -> AsyncIterator[str]:  # fmt: skip
@@ -355,7 +333,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
                                    "choices": [choice]}  # fmt: skip
             if usage_on:
                 obj["usage"] = None
-            return _sse(obj)
+            return sse(obj)
 
         try:
             for i in range(len(flight.reqs)):
@@ -366,7 +344,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             async for i, ev in flight.events():
                 if ev.error is not None:
                     flight.cancel()
-                    yield _sse(error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error"))
+                    yield sse(error_body(ev.error, "server_error" if ev.status >= 500 else "invalid_request_error"))
                     break
                 if not chat:
                     if ev.text or ev.tokens:
@@ -385,7 +363,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
                     yield chunk(i, [], "tool_calls" if sp.ncalls and ev.finish == "stop" else ev.finish)
             else:
                 if usage_on:
-                    yield _sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                    yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                                 "created": flight.created, "model": name, "choices": [],
                                 "usage": usage(flight.usage(), splits) if chat else flight.usage()})  # fmt: skip
             yield "data: [DONE]\n\n"
@@ -407,10 +385,11 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             raise ApiError(400, f"the {field} cannot be tokenized ({type(err).__name__}: {err}); send valid "
                            "Unicode text", field) from err  # fmt: skip
 
-    def render_chat(e: Engine, body: ChatCompletionRequest) -> tuple[ReplyPlan, Any, list[int]]:
+    def render_chat(e: Engine, body: ChatCompletionRequest,
+                    field: str = "messages") -> tuple[ReplyPlan, Any, list[int]]:  # fmt: skip
         """(how replies split, what a forced call is held to, prompt ids): the template's work, off the event
-        loop."""
-        too_long(e, sum(len(m.text()) for m in body.messages), "messages")
+        loop. ``field`` names the conversation's field in errors (/v1/responses: its input)."""
+        too_long(e, sum(len(m.text()) for m in body.messages), field)
         try:
             tp = tools.plan(body, e.tok)
             call = None
@@ -434,11 +413,11 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         try:
             ids = models.chat_ids(e.tok, tools.messages(body.messages), tp.tools if tp else None, **kw)[0].tolist()
         except Exception as err:  # noqa: BLE001  (the template's own message says what is wrong)
-            raise ApiError(400, f"messages cannot be rendered with the model's chat template: {err}",
-                           "messages") from err  # fmt: skip
+            raise ApiError(400, f"{field} cannot be rendered with the model's chat template: {err}",
+                           field) from err  # fmt: skip
         inside = th.thinks and opens_inside(e.tok.decode(ids[-16:], skip_special_tokens=False))
         if tp is not None and tp.suffix():
-            ids += tokenize(e, tp.suffix(), "messages", special=False)
+            ids += tokenize(e, tp.suffix(), field, special=False)
         return ReplyPlan(tp, th.thinks, inside, shape == "fragments"), call, ids
 
     @app.post("/v1/chat/completions")
@@ -491,32 +470,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         return await respond(request, flight, body, False, ech)
 
     add_embeddings(app, opts, eng, check_model, ApiError, count)  # POST /v1/embeddings (embeddings.py)
+    # /v1/responses (responses.py); app.state.responses: the responses kept for previous_response_id
+    app.state.responses = add_responses(app, opts, ChatPath(eng, check_model, render_chat, params, start, ApiError,
+                                                            count))  # fmt: skip
     return app
-
-
-class _Stream(StreamingResponse):
-    """A streamed response that cancels its choices however it ends (the client left, the server gave up)."""
-
-    def __init__(self, flight: Flight, content: Any, **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self.flight = flight
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.flight.cancel()
-
-
-def _sse(obj: Any) -> str:
-    import json
-
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client closes the connection (the body has been read by then)."""
-    while True:
-        msg = await request.receive()
-        if msg["type"] == "http.disconnect":
-            return

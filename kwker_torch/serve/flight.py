@@ -1,5 +1,7 @@
 """One HTTP request in flight: its choices submitted to the engine, their events gathered on the event
-loop, and the OpenAI JSON built from them (whole responses and streamed chunks).
+loop (whole, ``outcome``, which gives up when the client leaves; or as they come, ``events``), and the
+pieces every endpoint builds its OpenAI JSON from (logprobs, ids, SSE lines, a streamed response that frees
+the choices' slots however it ends).
 
 The engine thread hands events over with ``loop.call_soon_threadsafe``; nothing here blocks the loop.
 Choice ``index`` is ``prompt_index * n + j`` (OpenAI's numbering for several prompts and ``n``).
@@ -10,10 +12,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
+
+from fastapi import Request as HttpRequest
+from fastapi.responses import StreamingResponse
 
 from .engine import Engine, Event, Request
 from .sampling import Sampler, SamplingParams, TokenOut
@@ -56,6 +63,21 @@ class Flight:
                 left -= 1
             yield idx, ev
 
+    async def gather(self) -> Gathered:
+        """Every choice's whole text, tokens and finish reason (stops at the first error)."""
+        n = len(self.reqs)
+        texts: list[list[str]] = [[] for _ in range(n)]
+        toks: list[list[TokenOut]] = [[] for _ in range(n)]
+        finish: list[str | None] = [None] * n
+        async for i, ev in self.events():
+            if ev.error is not None:
+                self.cancel()
+                return Gathered([], [], [], ev)
+            texts[i].append(ev.text)
+            toks[i].extend(ev.tokens)
+            finish[i] = ev.finish or finish[i]
+        return Gathered(["".join(t) for t in texts], toks, finish, None)
+
     def cancel(self) -> None:
         for r in self.reqs:
             if not r.done:
@@ -68,6 +90,63 @@ class Flight:
         done = sum(r.n_generated for r in self.reqs)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+
+
+@dataclass
+class Gathered:
+    """A flight's choices whole: ``failed`` is the error event that ended it early (then the lists are empty)."""
+
+    texts: list[str]
+    toks: list[list[TokenOut]]
+    finish: list[str | None]
+    failed: Event | None
+
+
+async def outcome(request: HttpRequest, flight: Flight) -> Gathered | None:
+    """The flight's choices whole, or None when the client left first (its slots are freed then)."""
+    collect = asyncio.ensure_future(flight.gather())
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # (uvicorn gave up on the request at shutdown)
+        flight.cancel()
+        collect.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not collect.done():  # the client left: free its slots
+        flight.cancel()
+        collect.cancel()
+        return None
+    return collect.result()
+
+
+async def disconnected(request: HttpRequest) -> None:
+    """Returns when the client closes the connection (the body has been read by then)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+class Stream(StreamingResponse):
+    """A streamed response that cancels its choices however it ends (the client left, the server gave up)."""
+
+    def __init__(self, flight: Flight, content: Any, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.flight = flight
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.flight.cancel()
+
+
+def sse(obj: Any, event: str | None = None) -> str:
+    """One server-sent event of a JSON object (with its ``event:`` line when named, as the Responses API's)."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 @functools.lru_cache(maxsize=65536)

@@ -47,6 +47,9 @@ class ServeOptions:
     # /v1/embeddings when the model folder has no sentence-transformers config: "last" or "mean" (normalized)
     pooling: str = "last"
     matryoshka: bool = False  # /v1/embeddings may cut vectors to `dimensions` (Matryoshka-trained models)
+    # /v1/responses kept in memory for previous_response_id and GET: at most this many, each this many seconds
+    responses_keep: int = 256
+    responses_ttl: float = 3600.0
 
     def check(self) -> ServeOptions:
         if self.precision not in PRECISIONS:
@@ -80,6 +83,11 @@ class ServeOptions:
         if self.tool_call_stream not in TOOL_CALL_STREAMS:
             raise ValueError(f"--tool-call-stream {self.tool_call_stream!r}: expected one of "
                              f"{', '.join(TOOL_CALL_STREAMS)}")  # fmt: skip
+        if not isinstance(self.responses_keep, int) or self.responses_keep < 0:
+            raise ValueError(f"--responses-keep must be an integer >= 0 (0: no response is kept), got "
+                             f"{self.responses_keep!r}")  # fmt: skip
+        if not self.responses_ttl > 0:
+            raise ValueError(f"--responses-ttl must be > 0 seconds, got {self.responses_ttl!r}")
         if not self.request_timeout > 0:
             raise ValueError(f"--request-timeout must be > 0 seconds, got {self.request_timeout!r}")
         return self
@@ -123,6 +131,9 @@ FLAG_HELP = {
     "pooling": "how /v1/embeddings pools the final hidden states when the model folder has no sentence-transformers "
     "config (modules.json + 1_Pooling/config.json, which win): last (the last token's, as Qwen3-Embedding) or mean; "
     "vectors are L2-normalized",
+    "responses_keep": "how many /v1/responses results are kept in memory (the least recently used go first), for "
+    "previous_response_id and GET /v1/responses/{id}; 0 keeps none",
+    "responses_ttl": "seconds a kept /v1/responses result lives (then previous_response_id naming it is a 404)",
     "matryoshka": "/v1/embeddings accepts 'dimensions' (vectors cut, then normalized again): for Matryoshka-trained "
     "models such as Qwen3-Embedding (a config.json with is_matryoshka or matryoshka_dimensions says so too)",
 }
