@@ -165,4 +165,7 @@ class CompletionRequest(_Sampling):
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:  # fmt: skip
+    # A message may quote the request (a model's name): a lone surrogate there is written as its escape, so the
+    # response still encodes as UTF-8 (it was a 500).
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -65,6 +65,18 @@ def test_lone_surrogate_prompt_is_a_400(server: tuple[str, Engine]) -> None:
     assert r.status_code == 400 and error_of(r)["param"] == "messages", r.text
 
 
+def test_lone_surrogate_in_an_echoed_name_is_a_404_not_a_500(server: tuple[str, Engine]) -> None:
+    """An error message that quotes the request (an unknown model's name) must still be UTF-8: the surrogate is
+    written as its escape, not left to fail the response's encoding."""
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+        body = ('{"model": "x\\udfff", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi", '
+                '"input": "hi"}')  # fmt: skip
+        r = post(server[0], path, body)
+        assert r.status_code == 404, (path, r.text)
+        err = error_of(r)
+        assert err["param"] == "model" and "\\udfff" in err["message"], err
+
+
 def test_forced_call_of_a_function_without_an_object_schema_is_a_400(server: tuple[str, Engine]) -> None:
     tool = {"type": "function", "function": {"name": "shout", "parameters": {"type": "string"}}}
     r = post(server[0], "/v1/chat/completions", {"model": MODEL, "messages": ASK, "tools": [tool],
