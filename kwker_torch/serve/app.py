@@ -42,11 +42,10 @@ from .limits import BodyLimit, text_fits
 from .metrics import Metrics
 from .options import TOOL_CALL_STREAMS, ServeOptions, load_model
 from .page import add_page
-from .reasoning import ReasoningError, opens_inside, template_kwargs, thinking_of
+from .reasoning import opens_inside, template_kwargs, thinking_of
 from .responses import ChatPath, add_responses
 from .sampling import SamplingParams
-from .schema import ChatCompletionRequest, CompletionRequest, error_body
-from .tools import ToolError
+from .schema import ChatCompletionRequest, CompletionRequest, FieldError, error_body
 
 log = logging.getLogger("kwker.serve")
 
@@ -396,7 +395,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
             if tp is not None and tp.forced:  # (a forced call's grammar: one call, or several in a row)
                 schema = tp.schema(body.tools)
                 call = ("lark", tp.lark(schema, e.tok)) if tp.several() else ("json", schema)
-        except ToolError as err:
+        except FieldError as err:  # (tools.ToolError)
             raise ApiError(400, str(err), err.param) from err
         if tp is not None and tp.forced and body.response_format and body.response_format.get("type") != "text":
             raise ApiError(400, "a forced tool call (tool_choice 'required' or a named function) holds the reply to "
@@ -408,7 +407,7 @@ def create_app(opts: ServeOptions | None = None, *, engine: Engine | None = None
         th = thinking_of(e.tok)
         try:
             kw = template_kwargs(body, th)
-        except ReasoningError as err:
+        except FieldError as err:  # (reasoning.ReasoningError)
             raise ApiError(400, str(err), err.param) from err
         try:
             ids = models.chat_ids(e.tok, tools.messages(body.messages), tp.tools if tp else None, **kw)[0].tolist()

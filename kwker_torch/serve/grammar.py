@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -62,26 +63,26 @@ class Grammars:
         """The llguidance grammar of a JSON Schema; ``what`` names its source in errors."""
         import llguidance
 
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema))
-        except (ValueError, TypeError) as e:
-            raise GrammarError(f"{what}: the JSON schema cannot be compiled: {e}") from e
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
-        if failed:
-            raise GrammarError(f"{what}: the JSON schema cannot be enforced: {'; '.join(messages)}")
-        return grammar
+        return self._checked(lambda: llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema)), what,
+                             "the JSON schema")  # fmt: skip
 
     def compile_lark(self, lark: str, what: str) -> str:
         """The llguidance grammar of a Lark grammar (which may embed JSON schemas as ``%json {...}``)."""
         import llguidance
 
+        return self._checked(lambda: llguidance.LLMatcher.grammar_from_lark(lark), what, "the grammar")
+
+    def _checked(self, compile_: Callable[[], str], what: str, kind: str) -> str:
+        """``compile_()``'s grammar, validated against this tokenizer; GrammarError naming ``what`` and ``kind``."""
+        import llguidance
+
         try:
-            grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+            grammar = compile_()
         except (ValueError, TypeError) as e:
-            raise GrammarError(f"{what}: the grammar cannot be compiled: {e}") from e
+            raise GrammarError(f"{what}: {kind} cannot be compiled: {e}") from e
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer())
         if failed:
-            raise GrammarError(f"{what}: the JSON schema cannot be enforced: {'; '.join(messages)}")
+            raise GrammarError(f"{what}: {kind} cannot be enforced: {'; '.join(messages)}")
         return grammar
 
     def matcher(self, grammar: str) -> Any:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .schema import FieldError
 from .text import held_prefix
 from .tools import template_source
 
@@ -37,12 +38,8 @@ RESERVED = ("conversation", "messages", "tools", "documents", "chat_template", "
             "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")  # fmt: skip
 
 
-class ReasoningError(ValueError):
+class ReasoningError(FieldError):
     """A reasoning request this server cannot honour for this model; ``param`` names the field."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from .options import ServeOptions
 from .outputs import Kept, Output, item_id
 from .reasoning import EFFORT_OFF, EFFORTS, thinking_of
 from .sampling import SamplingParams
-from .schema import ChatCompletionRequest, _Strict, error_body
+from .schema import ChatCompletionRequest, FieldError, _Strict, error_body
 
 NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 ROLES = ("user", "system", "developer", "assistant")
@@ -73,12 +73,8 @@ class ResponsesRequest(_Strict):
     background: bool | None = None  # refused when true: every response is answered in the request
 
 
-class Bad(ValueError):
+class Bad(FieldError):
     """A request this endpoint cannot take; ``param`` names the field."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True)

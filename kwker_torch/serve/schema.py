@@ -16,6 +16,15 @@ _UNSUPPORTED: dict[str, Any] = {"functions": [], "function_call": None, "best_of
 _INSTEAD = {"functions": " (send 'tools')", "function_call": " (send 'tool_choice')"}
 
 
+class FieldError(ValueError):
+    """A request value this server cannot take; ``param`` names the field at fault (an OpenAI error's ``param``).
+    The endpoints answer it with a 400 carrying the message."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class _Strict(BaseModel):
     """Every request model: unknown fields ignored, known ones strictly typed (see the module doc)."""
 

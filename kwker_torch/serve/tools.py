@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .calls import HERMES, LLAMA3_JSON, CallStream, CallSyntax, split_reply  # noqa: F401  (re-exported)
+from .schema import FieldError
 
 
-class ToolError(ValueError):
+class ToolError(FieldError):
     """A tools request this server cannot honour for this model; ``param`` names the field."""
 
     def __init__(self, message: str, param: str = "tools") -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param)
 
 
 def template_source(tok: Any) -> str:
