@@ -12,7 +12,8 @@ Contenders (each scored by the very same code, on the very same token ids):
   - ``kwker gguf`` (``--precision gguf`` with ``--model FILE.gguf``): ``KwkDecoder.from_gguf(FILE)``, the file's
     quantized tensors repacked as they are; the reference is then the file's values dequantized, so the
     row's KL is what the decoder's own arithmetic (activation codes) costs.
-    ``--kv-cache f32 bf16 q8``: each kwker precision once per KV cache format (rows ``kwker P kv bf16`` ...).
+    ``--kv-cache f32 bf16 q8``: each kwker precision once per KV cache format (rows ``kwker P kv f32`` ...);
+    without it, each precision with the cache KwkDecoder gives it by default (row ``kwker P``).
   - ``llama.cpp`` (``--gguf FILE``): ``kwker_torch.peer.llama_cpp.LlamaCppWorker`` on that GGUF, once per
     ``--peer-cache``: ``f16`` (its default cache, flash attention "auto", as llama-bench; row ``llama.cpp
     Q4_0``) and/or ``q8_0`` (``-ctk q8_0 -ctv q8_0 -fa 1``; row ``llama.cpp Q4_0 kv q8_0``), each a worker of
@@ -396,8 +397,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="text file(s), concatenated (default: the project's sample story, kwker_torch/texts/sample.txt)",
     )
     ap.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="chunk length in tokens (default 512)")
-    ap.add_argument("--kv-cache", nargs="+", default=["f32"], choices=KV_CACHES,
-                    help="KV cache format(s) of the kwker contenders, one contender each (default f32)")
+    ap.add_argument("--kv-cache", nargs="+", default=None, choices=KV_CACHES,
+                    help="KV cache format(s) of the kwker contenders, one contender each (rows 'kwker P kv F'); "
+                    "default: each precision's own, as KwkDecoder picks it (f32 for preserve, q8 for int8 / int4)")
     ap.add_argument("--chunks", type=int, default=None, help="score at most N chunks (default: all)")
     ap.add_argument("--gguf", nargs="+", default=None, metavar="FILE", help="also score these GGUFs with llama.cpp")
     ap.add_argument("--peer-cache", nargs="+", default=["f16"], choices=list(PEER_CACHES),
@@ -459,7 +461,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     quantized = [p for p in precisions if calib_ids is not None and p not in ("preserve", "gguf")]
     runs += [(p, calib_ids, False) for p in quantized]
     runs += [(p, calib_ids, True) for p in quantized if args.gptq]
-    kv_caches = list(dict.fromkeys(args.kv_cache))
+    kv_caches: list[str | None] = list(dict.fromkeys(args.kv_cache)) if args.kv_cache else [None]
     contenders: dict[str, LogitsFn] = {}
     formats: dict[str, str] = {REF_NAME: "float32"}
     caches: dict[str, str] = {}  # contender -> its KV cache format (kwker's kv_cache=, llama.cpp's type_k/type_v)
@@ -469,7 +471,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         for (precision, calib, gptq), kv in itertools.product(runs, kv_caches):
             name = f"kwker {precision}" + ("+calib" if calib is not None else "") + ("+gptq" if gptq else "")
-            name += "" if kv == "f32" else f" kv {kv}"
+            name += "" if kv is None else f" kv {kv}"  # (None: the decoder's default for the precision)
             if formats_arg:
                 name += " [" + ",".join(args.formats) + "]"
             t0 = time.perf_counter()
@@ -486,7 +488,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     contenders[name] = kwker_logits_fn(model, precision, args.ctx, calib, info, formats_arg, gptq,
                                                        kv)  # fmt: skip
                 formats[name] = "as stored" if precision == "gguf" else precision
-                caches[name] = kv
+                caches[name] = info.get("kv_cache", kv)  # (what the decoder took)
                 bits[name] = info.get("bits_per_weight", float("nan"))
                 setup[name] = time.perf_counter() - t0
             except DecoderUnavailable as exc:

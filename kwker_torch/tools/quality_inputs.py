@@ -149,7 +149,7 @@ class DecoderUnavailable(QualityError):
     """kwker_torch.KwkDecoder does not import in this build."""
 
 
-def kwker_gguf_logits_fn(path: str, ctx: int, info: dict | None = None, kv_cache: str = "f32") -> LogitsFn:
+def kwker_gguf_logits_fn(path: str, ctx: int, info: dict | None = None, kv_cache: str | None = None) -> LogitsFn:
     """``KwkDecoder.from_gguf(path, max_context=ctx).score`` as a logits fn (the file's tensors as stored)."""
     try:
         from kwker_torch import KwkDecoder
@@ -166,7 +166,7 @@ def kwker_gguf_logits_fn(path: str, ctx: int, info: dict | None = None, kv_cache
 
 def kwker_logits_fn(
     model: Any, precision: str, ctx: int, calib: torch.Tensor | None = None, info: dict | None = None,
-    formats: dict[str, str] | None = None, gptq: bool = False, kv_cache: str = "f32",
+    formats: dict[str, str] | None = None, gptq: bool = False, kv_cache: str | None = None,
 ) -> LogitsFn:
     """``KwkDecoder.from_hf(model, precision=..., max_batch=1, max_context=ctx, calib=..., formats=..., gptq=...)``
     ``.score``
@@ -182,7 +182,7 @@ def kwker_logits_fn(
         extra: dict[str, Any] = {"formats": formats} if formats else {}  # only when asked (stand-ins in tests)
         if gptq:
             extra["gptq"] = True
-        if kv_cache != "f32":
+        if kv_cache is not None:  # (None: the precision's default, as a user's from_hf call takes it)
             extra["kv_cache"] = kv_cache
         dec = KwkDecoder.from_hf(model, precision=precision, max_batch=1, max_context=ctx, calib=calib, **extra)
     except (NotImplementedError, ValueError) as exc:

@@ -334,6 +334,28 @@ def test_formats_reach_every_kwker_contender(
     assert rc == 2 and "--formats takes KIND=FORMAT pairs (e.g. down=q6k); got ['down']" in err
 
 
+def test_kv_cache_reaches_the_decoder_and_the_default_is_the_decoders(
+    tiny: Any, text_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--kv-cache f32 q8`` passes each format, f32 included (a decoder whose default is not f32 must be told);
+    without the flag the tool passes none, so each precision runs with the cache a user's from_hf gives it."""
+    monkeypatch.setattr(kwker_torch, "KwkDecoder", StandInDecoder, raising=False)
+    StandInDecoder.calls.clear()
+    _use_model(monkeypatch, tiny, ByteTok())
+    args = ["--json", "--text", str(text_file), "--ctx", "64", "--chunks", "1"]
+    rc, out, err = _run(args + ["--kv-cache", "f32", "q8"], capsys)
+    assert rc == 0, err
+    assert StandInDecoder.calls == [dict(precision="preserve", max_batch=1, max_context=64, kv_cache=kv)
+                                    for kv in ("f32", "q8")]  # fmt: skip
+    names = [(r["name"], r["kv_cache"]) for r in json.loads(out)["contenders"][1:]]
+    assert names == [("kwker preserve kv f32", "f32"), ("kwker preserve kv q8", "q8")]
+    StandInDecoder.calls.clear()
+    rc, out, err = _run(args, capsys)
+    assert rc == 0, err
+    assert StandInDecoder.calls == [dict(precision="preserve", max_batch=1, max_context=64)]
+    assert json.loads(out)["contenders"][1]["name"] == "kwker preserve"
+
+
 @pytest.mark.parametrize("precision", ["int4", "balanced"])
 def test_refused_precision_prints_the_decoders_error_and_exits_2(
     precision: str, tiny: Any, text_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
