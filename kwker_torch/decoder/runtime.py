@@ -101,8 +101,8 @@ class KwkDecoder:
         calibration inputs' Hessian); ``act_order``: GPTQ's columns in decreasing order of activation energy.
         ``kv_cache``: how the KV cache stores K and V: "f32" (logits within 1e-5 of float32), "bf16" (half the
         bytes) or "q8" (int8 codes with a scale per head and position, about a quarter); by default f32 for
-        "preserve" and q8 for the 4- and 8-bit precisions (``common.DEFAULT_KV_CACHE``: measured at 4,096 tokens,
-        q8 costs int4 +0.03 points of perplexity); ``dec.info["kv_cache"]`` says which.
+        "preserve", bf16 for int8 and q8 for int4 (``common.DEFAULT_KV_CACHE``: measured at 4,096 tokens, bf16 costs
+        int8 nothing measurable and q8 costs int4 +0.03 points of perplexity); ``dec.info["kv_cache"]`` says which.
 
         Any other causal LM gets a ``compiled.CompiledDecoder`` (the compile backend's path: ``generate()`` with
         these arguments, precision "preserve" only), logged once."""

@@ -112,8 +112,8 @@ FLAG_HELP = {
     "max_context": "tokens per request (prompt + completion); 0 (the default): the model's trained context, or "
     "the longest that --slots slots fit in half of the memory available, said at start",
     "kv_cache": "how the KV cache stores K and V: f32 (the model's own numbers), bf16 (half the memory) or q8 "
-    "(int8 with a scale per head and position, about a quarter); default f32 for preserve, q8 for int8 / int4 "
-    "(and a quantized GGUF file)",
+    "(int8 with a scale per head and position, about a quarter); default f32 for preserve, bf16 for int8, q8 for "
+    "int4 (and a quantized GGUF file)",
     "queue": "requests that may wait for a slot; beyond it, 429 with Retry-After",
     "prefill_chunk": "prompt tokens read per step while other requests are generating",
     "prompt_lookup": "most draft tokens per step copied from a greedy request's own text (speculative decoding "

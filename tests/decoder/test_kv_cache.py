@@ -94,15 +94,15 @@ def test_an_unknown_format_is_refused_by_name() -> None:
 
 
 def test_the_default_follows_the_precision() -> None:
-    """preserve keeps f32 (its 1e-5 contract); int8 and int4 take q8 (``common.DEFAULT_KV_CACHE``), the same
-    decoder as asking for q8; an explicit format wins."""
+    """preserve keeps f32 (its 1e-5 contract); int8 takes bf16 and int4 q8 (``common.DEFAULT_KV_CACHE``), the
+    same decoder as asking for that format; an explicit format wins."""
     model = tiny("llama")
     ids = torch.randint(3, 2000, (24,), generator=torch.Generator().manual_seed(5))
     assert KwkDecoder.from_hf(model, max_batch=1, max_context=64).info["kv_cache"] == "f32"
-    for precision in ("int8", "int4"):
+    for precision, default in (("int8", "bf16"), ("int4", "q8")):
         dec = KwkDecoder.from_hf(model, precision, max_batch=1, max_context=64)
-        asked = KwkDecoder.from_hf(model, precision, max_batch=1, max_context=64, kv_cache="q8")
-        assert dec.info["kv_cache"] == "q8" and dec.info["kv_bytes"] == asked.info["kv_bytes"]
+        asked = KwkDecoder.from_hf(model, precision, max_batch=1, max_context=64, kv_cache=default)
+        assert dec.info["kv_cache"] == default and dec.info["kv_bytes"] == asked.info["kv_bytes"]
         assert torch.equal(dec.score(ids), asked.score(ids))
         f32 = KwkDecoder.from_hf(model, precision, max_batch=1, max_context=64, kv_cache="f32")
         assert f32.info["kv_cache"] == "f32" and not torch.equal(f32.score(ids), dec.score(ids))
