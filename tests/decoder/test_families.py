@@ -17,6 +17,7 @@ import torch
 from fixtures.family_cases import CASES, tiny
 
 from kwker_torch import KwkDecoder
+from kwker_torch.testing.reference import hf_steps
 
 TOL = 1e-5
 STEPS = 10
@@ -39,20 +40,6 @@ FAMILY_OF = {
 
 def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a - ref).abs().max() / ref.abs().max()).item()
-
-
-def hf_steps(ref: torch.nn.Module, ids: torch.Tensor, n: int) -> tuple[list[torch.Tensor], list[int]]:
-    """HF's own float32 logits: the prompt's rows, then one row per greedy step over its cache."""
-    from transformers import DynamicCache
-
-    with torch.no_grad():
-        out = ref(ids[None], cache=DynamicCache(config=ref.config), use_cache=True)
-        rows, toks = [out.logits[0].float()], []
-        for _ in range(n):
-            toks.append(int(rows[-1][-1].argmax()))
-            out = ref(torch.tensor([[toks[-1]]]), cache=out.cache, use_cache=True)
-            rows.append(out.logits[0].float())
-    return rows, toks
 
 
 def prompt(n: int = 13, seed: int = 1) -> torch.Tensor:

@@ -36,6 +36,7 @@ import torch
 from kwker_torch import KwkDecoder
 from kwker_torch.testing import random_model
 from kwker_torch.testing.models import PHI4_MINI_LONG_FACTOR
+from kwker_torch.testing.reference import hf_steps
 
 TOL = 1e-5
 STEPS = 4  # greedy steps that end the context, and prompt rows compared before them
@@ -56,20 +57,6 @@ CASES: dict[str, tuple[str, int, dict[str, Any], int, int]] = {
 }  # fmt: skip
 
 
-def hf_end(model: torch.nn.Module, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
-    """HF's float32 logits of the prompt's last STEPS rows, then of STEPS greedy steps over its own cache."""
-    from transformers import DynamicCache
-
-    with torch.no_grad():
-        out = model(ids[None], cache=DynamicCache(config=model.config), use_cache=True, logits_to_keep=STEPS)
-        rows, toks = [out.logits[0].float()], []
-        for _ in range(STEPS):
-            toks.append(int(rows[-1][-1].argmax()))
-            out = model(torch.tensor([[toks[-1]]]), cache=out.cache, use_cache=True)
-            rows.append(out.logits[0].float())
-    return rows, toks
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_end_of_the_trained_context_within_1e5_of_hf_float32(case: str) -> None:
     name, layers, over, trained, default = CASES[case]
@@ -79,7 +66,7 @@ def test_the_end_of_the_trained_context_within_1e5_of_hf_float32(case: str) -> N
     n = trained if FULL else default
     ids = torch.randint(3, VOCAB, (n - STEPS,), generator=torch.Generator().manual_seed(1))
     t0 = time.perf_counter()
-    rows, toks = hf_end(model, ids)
+    rows, toks = hf_steps(model, ids, STEPS, keep=STEPS)
     t1 = time.perf_counter()
     dec = KwkDecoder.from_hf(model, max_context=trained)
     assert dec.max_context == trained
