@@ -5,9 +5,10 @@ decoder's formats without changing a value, not dequantized to float32 and quant
     dec.info["gguf"]   # which tensors came over exactly, and which were converted (and to what)
 
 What each GGUF type becomes (``rust/src/quant/gguf.rs`` states the exactness contract):
-- Q8_0, Q5_0 -> ``q8_0`` (8-bit codes under an f16 scale per 32 values: Q5_0's codes fit), Q4_0 and Q4_1 ->
-  ``q4`` (Q4_0's zero point as a min of -8 d; beside Q8_0 / Q5_0 parts of one fused matrix, ``q8_0``), Q4_K ->
-  ``q4k``: every value the file's, bit for bit;
+- Q8_0 -> ``q8_0``, Q5_0 -> ``q5_0``, Q4_0 -> ``q4_0`` (their codes under one f16 scale per 32 values, in the
+  file's own bits per weight: 8.5, 5.5, 4.5), Q4_1 -> ``q4``, Q4_K -> ``q4k``: every value the file's, bit for
+  bit; parts of one fused matrix in Q4_0 / Q5_0 / Q8_0 stack in the widest of their formats, exactly (a Q4_0
+  q beside Q5_0 k and v: ``q5_0``; beside a Q8_0 part: ``q8_0``);
 - Q6_K -> ``q6k`` where each 32 values' two scales agree, else ``q8_0`` from its exact values (within half a
   step of 1/127 of each 32 values' largest);
 - F32 / F16 / BF16 -> kept as float (F16 widened exactly to f32; bf16-valued f32 stored as bf16);

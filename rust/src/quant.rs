@@ -7,6 +7,10 @@
 //!   of Q8_0 (and of Q5_0 and Q4_0, whose codes fit in int8 under the same f16 scale) carried over
 //!   exactly from a GGUF file (`gguf.rs`).
 //! - `Q4`: value = d * c + m, c in [0, 15], f16 d and f16 m per 32 values (5.0 bits per weight).
+//! - `Q40`, `Q50`: value = d * (c - z), c in [0, 15] (z = 8) or [0, 31] (z = 16), one f16 d per 32
+//!   values (4.5 and 5.5 bits per weight): llama.cpp's Q4_0 and Q5_0, so a GGUF file's tensors of those
+//!   types run in their own bits (`gguf.rs`); the same 4-bit nibble layout as Q4, Q50's fifth bit in a
+//!   bit plane (`QuantWeight::pack`).
 //! - `Q4K`, `Q6K`: super-blocks of 256 values with 6-/8-bit scales per 32-value sub-block (4.5 and
 //!   6.3125 bits per weight; layout and values in `kblock`).
 //!
@@ -20,7 +24,8 @@
 //! the residual, x ~ dx' * (254 q + q2), dx' = dx / 254, error at most dx' / 2 (about 15 bits: the
 //! int8 rounding of activations with outlier channels cost more perplexity than the 8-bit weights).
 //! Within a 32-block the dot product of codes is an exact i32 sum; the block then contributes
-//! `d * (dot * dx')` (Q8) or `(d * dot + m * sum(q)) * dx` (Q4) to an f32 accumulator, in k order; the
+//! `d * (dot * dx')` (Q8), `(d * dot + m * sum(q)) * dx` (Q4) or `d * ((dot - z sum(q)) * dx)` (Q40,
+//! Q50: `dot - z sum(q)` exact in f32, integers below 2^24) to an f32 accumulator, in k order; the
 //! bias last. Tiers differ from the scalar reference only in fused multiply-add rounding, so the result is
 //! a float linear of the dequantized weights and the rounded activations, up to f32 rounding.
 //!
@@ -82,22 +87,26 @@ pub enum Format {
     Q4,
     Q4K,
     Q6K,
+    Q40,
+    Q50,
 }
 
 impl Format {
-    pub const ALL: [Format; 5] = [
+    pub const ALL: [Format; 7] = [
         Format::Q8,
         Format::Q80,
         Format::Q4,
         Format::Q4K,
         Format::Q6K,
+        Format::Q40,
+        Format::Q50,
     ];
 
     /// Values of k sharing one scale (the super-block formats: one top-level scale).
     pub const fn block(self) -> usize {
         match self {
             Format::Q8 => 64,
-            Format::Q80 | Format::Q4 => 32,
+            Format::Q80 | Format::Q4 | Format::Q40 | Format::Q50 => 32,
             Format::Q4K | Format::Q6K => kblock::SUPER,
         }
     }
@@ -116,18 +125,38 @@ impl Format {
         matches!(self, Format::Q8 | Format::Q80)
     }
 
+    /// The zero point of the formats whose codes c stand for `d * (c - z)` under one f16 d per 32 values
+    /// (Q40: 8, Q50: 16); None for the others.
+    pub const fn zero_point(self) -> Option<i32> {
+        match self {
+            Format::Q40 => Some(8),
+            Format::Q50 => Some(16),
+            _ => None,
+        }
+    }
+
+    /// Whether a block's codes are Q4's nibbles (Q4, Q40, Q50; Q50 adds a fifth bit from its bit plane).
+    pub const fn is_nibbles(self) -> bool {
+        matches!(self, Format::Q4 | Format::Q40 | Format::Q50)
+    }
+
     /// Whether values are stored in super-blocks (`kblock`).
     pub const fn is_super(self) -> bool {
         matches!(self, Format::Q4K | Format::Q6K)
     }
 
-    /// Byte offset of a Q8 / Q80 / Q4 block's codes, after its 16 rows' scales (Q8: f32; Q80: f16; Q4:
-    /// f16 scales, then f16 mins).
+    /// Byte offset of a Q8 / Q80 / Q4 / Q40 / Q50 block's codes, after its 16 rows' scales (Q8: f32;
+    /// Q80, Q40, Q50: f16; Q4: f16 scales, then f16 mins).
     pub(crate) const fn codes_at(self) -> usize {
         match self {
-            Format::Q80 => QPANEL * 2,
+            Format::Q80 | Format::Q40 | Format::Q50 => QPANEL * 2,
             _ => 64,
         }
+    }
+
+    /// Byte offset of a Q50 block's bit plane of fifth bits, after its nibbles.
+    pub(crate) const fn high_bits_at(self) -> usize {
+        self.codes_at() + QPANEL * 16
     }
 
     /// A Q8 / Q80 block's scale of row `r` of its panel (`blk`: the block's bytes).
@@ -146,6 +175,8 @@ impl Format {
             Format::Q8 => QPANEL * 4 + QPANEL * 64,
             Format::Q80 => QPANEL * 2 + QPANEL * 32,
             Format::Q4 => QPANEL * 2 * 2 + QPANEL * 16,
+            Format::Q40 => QPANEL * 2 + QPANEL * 16,
+            Format::Q50 => QPANEL * 2 + QPANEL * 16 + QPANEL * 4,
             Format::Q4K | Format::Q6K => kblock::super_bytes(self, kblock::SUBS),
         }
     }
@@ -166,6 +197,8 @@ impl Format {
             Format::Q4 => "q4",
             Format::Q4K => "q4k",
             Format::Q6K => "q6k",
+            Format::Q40 => "q4_0",
+            Format::Q50 => "q5_0",
         }
     }
 

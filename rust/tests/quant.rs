@@ -144,11 +144,17 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
 #[test]
 fn every_tier_matches_the_reference_on_awkward_shapes() {
     let mut rng = Rng::new(21);
-    for format in [Format::Q8, Format::Q80, Format::Q4] {
-        // Q80 also at k of an odd number of 32-blocks (its block is 32, Q8's 64).
+    for format in [
+        Format::Q8,
+        Format::Q80,
+        Format::Q4,
+        Format::Q40,
+        Format::Q50,
+    ] {
+        // The 32-value formats also at k of an odd number of 32-blocks (Q8's block is 64).
         let ks: &[usize] = match format {
-            Format::Q80 => &[32, 96, 128, 576],
-            _ => &[64, 128, 576],
+            Format::Q8 => &[64, 128, 576],
+            _ => &[32, 96, 128, 576],
         };
         for &n in &[1, 15, 16, 17, 63, 65] {
             for &k in ks {
@@ -321,6 +327,10 @@ fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
                 let bound = match format {
                     Format::Q8 | Format::Q80 => 0.5 * amax / 127.0 + 0.021 * amax,
                     Format::Q4 => 2.0 * amax / 15.0,
+                    // d = s * max / -z gives the largest value the grid's longer end: a value of the
+                    // other sign is clipped at most to (2z - 1) / (2z) * s * amax (s >= 0.85).
+                    Format::Q40 => (1.0 - 0.85 * 7.0 / 8.0) * amax + 1e-6,
+                    Format::Q50 => (1.0 - 0.85 * 15.0 / 16.0) * amax + 1e-6,
                     Format::Q4K => 2.2 * smax / 15.0,
                     Format::Q6K => 1.5 * smax / 31.0,
                 };
@@ -347,6 +357,10 @@ fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
         q4 < 0.036 && q4k < 0.037 && q6k < 0.0100,
         "{q4} {q4k} {q6k}"
     );
+    // Q40 / Q50: grids of 16 and 32 levels with step about amax / 8 and amax / 16 (0.036 and 0.018 of
+    // rounding alone).
+    let (q40, q50) = (rms(Format::Q40), rms(Format::Q50));
+    assert!(q40 < 0.040 && q50 < 0.020, "{q40} {q50}");
 }
 
 #[test]

@@ -4,8 +4,9 @@ References: the ``gguf`` package's own dequantization of every tensor, as transf
 Hugging Face model (``from_pretrained(..., gguf_file=)``, float32): every matrix the decoder reports as exact
 must hold those values bit for bit (read back with ``dec.weight``), whatever rows the family's mapping
 stacks (q/k/v, gate/up) and however llama.cpp permuted them (Llama's q/k). The logits then differ from that
-float32 forward only by the decoder's activation codes (int8 per 32 values): measured here at 2.1e-2 of the
-largest logit on the random synthetic model, as much as ``from_hf(..., "int8")`` of it. On the real SmolLM2
+float32 forward only by the decoder's activation codes (int8 per 32 values): measured here at 0.29 of the
+largest logit on the random synthetic model (its random Q4_K / Q6_K blocks make it sensitive), as much as
+``from_hf(..., "int8")``'s 0.28 of the same float32 weights. On the real SmolLM2
 file (its source is Q4_1), top-1 agreement with the file's float32 forward is over 0.9 on a short text (the
 quality tool measures 0.969 and +0.27 % perplexity over 20 chunks).
 """
@@ -51,15 +52,16 @@ def _raw_q6_k(rows: int, cols: int, rng: np.random.Generator, paired: bool) -> n
     return b.reshape(rows, -1)
 
 
-# Layer 0: every type repacked exactly (Q4_0 beside Q8_0 / Q5_0 in one fused q/k/v: all three as q8_0; Q4_0
-# alone: q4); layer 1: a fused projection of mixed formats, a type with no repack
-# (Q5_1), a Q6_K whose paired scales differ, and an F16 matrix.
+# Layer 0: every type repacked exactly, in its own bits or, in one fused matrix, in the widest of its parts'
+# (Q4_0 beside Q5_0 in q/k/v: q5_0; Q5_0 beside Q8_0 in gate/up: q8_0; Q4_0 alone: q4_0); layer 1: a fused
+# projection of mixed formats, a type with no repack (Q5_1), a Q6_K whose paired scales differ, and an F16
+# matrix; the embedding Q4_1 (q4), the head Q4_K (q4k).
 TYPES = {
-    "blk.0.attn_q": Q.Q4_0, "blk.0.attn_k": Q.Q8_0, "blk.0.attn_v": Q.Q5_0, "blk.0.attn_output": Q.Q4_0,
-    "blk.0.ffn_gate": Q.Q4_K, "blk.0.ffn_up": Q.Q4_K, "blk.0.ffn_down": "Q6_K paired",
+    "blk.0.attn_q": Q.Q4_0, "blk.0.attn_k": Q.Q5_0, "blk.0.attn_v": Q.Q5_0, "blk.0.attn_output": Q.Q4_0,
+    "blk.0.ffn_gate": Q.Q5_0, "blk.0.ffn_up": Q.Q8_0, "blk.0.ffn_down": "Q6_K paired",
     "blk.1.attn_q": Q.Q4_K, "blk.1.attn_k": Q.Q4_K, "blk.1.attn_v": Q.Q6_K, "blk.1.attn_output": Q.F16,
     "blk.1.ffn_gate": Q.Q5_1, "blk.1.ffn_up": Q.Q5_1, "blk.1.ffn_down": Q.Q6_K,
-    "token_embd": Q.Q4_1, "output": Q.Q8_0,
+    "token_embd": Q.Q4_1, "output": Q.Q4_K,
 }  # fmt: skip
 
 
@@ -125,8 +127,8 @@ def test_every_exactly_repacked_matrix_holds_the_files_values(llama_file: Any, c
         "down.1": "Q6_K -> q8_0",
     }  # fmt: skip
     assert dec.info["formats"] == {
-        "qkv.0": "q8_0", "o.0": "q4", "up.0": "q4k", "down.0": "q6k", "qkv.1": "q8_0", "o.1": "f32",
-        "up.1": "q6k", "down.1": "q8_0", "embed.0": "q4", "lm_head.0": "q8_0",
+        "qkv.0": "q5_0", "o.0": "q4_0", "up.0": "q8_0", "down.0": "q6k", "qkv.1": "q8_0", "o.1": "f32",
+        "up.1": "q6k", "down.1": "q8_0", "embed.0": "q4", "lm_head.0": "q4k",
     }  # fmt: skip
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "(Q5_1)" in warnings[0] and "llama.gguf" in warnings[0]
@@ -148,10 +150,14 @@ def test_logits_differ_from_the_files_float32_forward_only_by_the_activation_cod
         ref = loaded(ids[None]).logits[0]
     got = dec.score(ids)
     err = ((got - ref).abs().max() / ref.abs().max()).item()
-    # Measured 2.1e-2: the int8 activation codes (from_hf's int8 of the same dequantized model: 2.1e-2 too).
-    assert err <= 3e-2, err
-    # Top-1 as the float32 forward's at 39 of the 40 positions (a random model's near-ties can flip one).
-    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
+    # The activation codes' error alone, as from_hf's of the same float32 weights reads it: int8's 15-bit
+    # codes would be the floor, int4's 8-bit codes what q4_0 / q5_0 / q4k / q6k read. Measured (this file's
+    # random Q4_K / Q6_K blocks make its logits sensitive): from_gguf 0.29, from_hf int8 0.28, int4 0.84.
+    hf = KwkDecoder.from_hf(loaded, "int8", max_batch=2, max_context=64, kv_cache="f32")
+    hf_err = ((hf.score(ids) - ref).abs().max() / ref.abs().max()).item()
+    assert err <= 1.2 * hf_err, (err, hf_err)
+    # Top-1 as the float32 forward's at 38 of the 40 positions (a random model's near-ties can flip a few).
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
     # A generation is the scored tokens' own argmax, step by step, in any slot.
     out = dec.generate([ids[:8], ids[:5]], max_new_tokens=6)
     for prompt, c in zip([ids[:8], ids[:5]], out, strict=True):

@@ -37,7 +37,7 @@ def correlated(tokens: int, cols: int, seed: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("fmt", ["q4k", "q4", "q6k", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4k", "q4", "q6k", "q8_0", "q4_0", "q5_0"])
 def test_identity_hessian_stores_plain_quantization(fmt: str) -> None:
     rows, cols = 24, 576  # 576 = two super-blocks of 256 and a short one of 64
     w = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1)) * 0.05
@@ -50,7 +50,7 @@ def test_identity_hessian_stores_plain_quantization(fmt: str) -> None:
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("fmt", ["q4k", "q4", "q6k"])
+@pytest.mark.parametrize("fmt", ["q4k", "q4", "q6k", "q4_0"])
 def test_gptq_lowers_the_output_error_on_correlated_inputs(fmt: str, act_order: bool) -> None:
     rows, cols, tokens = 64, 512, 2048
     x = correlated(tokens, cols, seed=2)

@@ -250,9 +250,9 @@ impl Builder {
         let what = |e: String| format!("{}: {e}", describe(t, layer, expert));
         let mut read = Vec::with_capacity(parts.len());
         let mut at = 0usize;
-        // Q4_0 parts beside Q8_0 / Q5_0 ones ride in Q80 with them, exactly.
-        let wide =
-            parts.iter().all(|p| gguf::fits_q80(p.0)) && parts.iter().any(|p| p.0 != gguf::Q4_0);
+        // Parts of Q4_0 / Q5_0 / Q8_0 stack in the widest of their formats, exactly.
+        let types: Vec<u32> = parts.iter().map(|p| p.0).collect();
+        let into = gguf::stack_format(&types);
         for &(ty, n) in parts {
             let (bs, bb) = gguf::block_shape(ty)
                 .ok_or_else(|| what(format!("ggml type {ty} is not repacked here")))?;
@@ -263,7 +263,7 @@ impl Builder {
                     bytes.len()
                 ))
             })?;
-            read.push(gguf::to_rows(ty, part, n, cols, wide).map_err(what)?);
+            read.push(gguf::to_rows(ty, part, n, cols, into).map_err(what)?);
             at += len;
         }
         if at != bytes.len() {

@@ -20,10 +20,12 @@ pub enum MatFormat {
     Q4,
     Q4K,
     Q6K,
+    Q40,
+    Q50,
 }
 
 impl MatFormat {
-    pub const ALL: [MatFormat; 7] = [
+    pub const ALL: [MatFormat; 9] = [
         MatFormat::F32,
         MatFormat::Bf16,
         MatFormat::Q8,
@@ -31,6 +33,8 @@ impl MatFormat {
         MatFormat::Q4,
         MatFormat::Q4K,
         MatFormat::Q6K,
+        MatFormat::Q40,
+        MatFormat::Q50,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +54,8 @@ impl MatFormat {
             MatFormat::Q4 => Some(Format::Q4),
             MatFormat::Q4K => Some(Format::Q4K),
             MatFormat::Q6K => Some(Format::Q6K),
+            MatFormat::Q40 => Some(Format::Q40),
+            MatFormat::Q50 => Some(Format::Q50),
         }
     }
 
@@ -100,6 +106,8 @@ impl Mat {
                 Format::Q4 => MatFormat::Q4,
                 Format::Q4K => MatFormat::Q4K,
                 Format::Q6K => MatFormat::Q6K,
+                Format::Q40 => MatFormat::Q40,
+                Format::Q50 => MatFormat::Q50,
             },
         }
     }

@@ -6,7 +6,8 @@
 //!   (254 * q + q2, `QActs::fine`), so one `vpmaddwd` on the widened weight bytes makes both products
 //!   at once, exact in i32; the + 128 is taken off with the activations' sum (`s_fine`).
 //! - Q4 (codes 0..=15): no sign trick; a whole 32-block's pair sums (8 per lane, each within
-//!   2 * 15 * 127) add up in i16 without saturating before one widening.
+//!   2 * 15 * 127) add up in i16 without saturating before one widening. Q40 as Q4; Q50 (codes 0..=31)
+//!   widens each group of 8 k to i32 before the next is added, as Q6K.
 //!
 //! - Q4K: as Q4 per 32-value sub-block; the 6-bit scale multiplies the i16 sums in the widening
 //!   `vpmaddwd` (no float conversion), the super-block's f16 scale once per super-block.
@@ -29,7 +30,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2_unpack::{bytes_f32, f16x16, q4_codes, q4k_scales, q6k_codes};
+use super::avx2_unpack::{bytes_f32, f16x16, q4_codes, q4k_scales, q5_codes, q6k_codes};
 use super::kblock::{Layout, SUBS};
 use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, QActs, LO, QPANEL, QSUB};
 use crate::isa::Isa;
@@ -144,7 +145,7 @@ pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
 #[inline(always)]
 pub(super) unsafe fn prefetch(f: Format, blk: *const u8, bb: usize) {
     match f {
-        Format::Q4 => {
+        Format::Q4 | Format::Q40 | Format::Q50 => {
             let ahead = blk.wrapping_add(8 * bb);
             for line in 0..bb.div_ceil(64) {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64).cast());
@@ -275,6 +276,38 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                             let t = _mm256_mul_ps(_mm256_cvtepi32_ps(fine), dx);
                             y[r][s] = _mm256_fmadd_ps(dv[s], t, y[r][s]);
                         }
+                    }
+                }
+            }
+            Format::Q40 | Format::Q50 => {
+                let dv = f16x16(blk);
+                let co = blk.add(src.f.codes_at());
+                let z = src.f.zero_point().expect("q4_0 / q5_0") as f32;
+                let mut acc = [[_mm256_setzero_si256(); 2]; M];
+                if src.f == Format::Q50 {
+                    // Codes 0..=31: a group's two nibble products fill an i16, so widen per group.
+                    let hb = Some(blk.add(src.f.high_bits_at()));
+                    for g in 0..4 {
+                        let c = q5_codes(co, hb, g);
+                        add_group::<M, true>(&mut acc, &c, src.xq.add(b * QSUB + g * 8), src.k);
+                    }
+                } else {
+                    for g in 0..4 {
+                        let c = q5_codes(co, None, g);
+                        add_group::<M, false>(&mut acc, &c, src.xq.add(b * QSUB + g * 8), src.k);
+                    }
+                }
+                for r in 0..M {
+                    let sx = src.sxs[r * src.nsub + b];
+                    let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
+                    for s in 0..2 {
+                        let sum = if src.f == Format::Q50 {
+                            acc[r][s]
+                        } else {
+                            _mm256_madd_epi16(acc[r][s], ones)
+                        };
+                        let c = _mm256_sub_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(z * sx));
+                        y[r][s] = _mm256_fmadd_ps(dv[s], _mm256_mul_ps(c, dx), y[r][s]);
                     }
                 }
             }

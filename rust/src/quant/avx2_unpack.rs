@@ -24,6 +24,38 @@ pub(super) unsafe fn q4_codes(at: *const u8) -> [[__m256i; 2]; 2] {
     })
 }
 
+/// Group g of a Q40 / Q50 block whose nibbles start at `co` (Q4's layout): as `q4_codes`, for Q50 each
+/// byte completed with its fifth bit from the bit plane at `hb` (whole codes 0..=31).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn q5_codes(co: *const u8, hb: Option<*const u8>, g: usize) -> [[__m256i; 2]; 2] {
+    let mut c = q4_codes(co.add(g * 64));
+    if let Some(hb) = hb {
+        for (h, ch) in c.iter_mut().enumerate() {
+            let plane = _mm256_loadu_si256(hb.add(32 * h).cast());
+            ch[0] = _mm256_or_si256(ch[0], fifth_bits(plane, 2 * g));
+            ch[1] = _mm256_or_si256(ch[1], fifth_bits(plane, 2 * g + 1));
+        }
+    }
+    c
+}
+
+/// Q50's fifth bits of code vector `v` moved to bit 4 of each byte (see the AVX-512 tier's `fifth_bits`).
+#[inline(always)]
+pub(super) unsafe fn fifth_bits(hb: __m256i, v: usize) -> __m256i {
+    let moved = match v {
+        0 => _mm256_slli_epi16::<4>(hb),
+        1 => _mm256_slli_epi16::<3>(hb),
+        2 => _mm256_slli_epi16::<2>(hb),
+        3 => _mm256_slli_epi16::<1>(hb),
+        4 => hb,
+        5 => _mm256_srli_epi16::<1>(hb),
+        6 => _mm256_srli_epi16::<2>(hb),
+        _ => _mm256_srli_epi16::<3>(hb),
+    };
+    _mm256_and_si256(moved, _mm256_set1_epi8(0x10))
+}
+
 /// Group g of the Q6K sub-block whose codes start at `cp`: as `q4_codes`, each byte completed with its
 /// 2 high bits (whole codes 0..=63). Shared by `tile_super` and `avx2_rows`' unpacking.
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,4 +1,5 @@
-//! AVX-512 VNNI tier of `quant_linear` for Q8, Q80 and Q4 (the super-block formats': `superblock/avx512.rs`):
+//! AVX-512 VNNI tier of `quant_linear` for Q8, Q80, Q4, Q40 and Q50 (the super-block formats':
+//! `superblock/avx512.rs`):
 //! `vpdpbusd` multiplies 4 unsigned weight codes by 4 signed
 //! activation codes and adds them into an i32 lane, 16 output rows per instruction; up to 8 x rows
 //! share each loaded weight vector.
@@ -6,10 +7,11 @@
 //! Q8 codes are stored as `c + 128` (unsigned, as `vpdpbusd` wants its first operand), so a block's
 //! sum is corrected by `128 * sum(q)` (exact, in i32); Q8 reads both activation codes (coarse and
 //! residual, two `vpdpbusd` per weight vector) and combines them in i32. Q4 codes are 0..=15 already; their nibbles
-//! are split with a shift and a mask.
+//! are split with a shift and a mask (Q40's too; Q50 ORs in each byte's fifth bit from its bit plane).
 //!
 //! Numerical contract: as the scalar tier, except that each block's contribution is added with a
-//! fused multiply-add (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`).
+//! fused multiply-add (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`; Q40 / Q50
+//! `y = fma(d, (f32(dot) - z sum(q)) * dx, y)`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -82,6 +84,23 @@ pub(super) unsafe fn bx(p: *const i8) -> __m512i {
     _mm512_set1_epi32(p.cast::<i32>().read_unaligned())
 }
 
+/// Q50's fifth bits of code vector `v` (bit v of each byte of the bit plane `hb`) moved to bit 4: the
+/// 16-bit shifts carry bits across the byte boundary only into positions the 0x10 mask drops.
+#[inline(always)]
+pub(super) unsafe fn fifth_bits(hb: __m512i, v: usize) -> __m512i {
+    let moved = match v {
+        0 => _mm512_slli_epi16::<4>(hb),
+        1 => _mm512_slli_epi16::<3>(hb),
+        2 => _mm512_slli_epi16::<2>(hb),
+        3 => _mm512_slli_epi16::<1>(hb),
+        4 => hb,
+        5 => _mm512_srli_epi16::<1>(hb),
+        6 => _mm512_srli_epi16::<2>(hb),
+        _ => _mm512_srli_epi16::<3>(hb),
+    };
+    _mm512_and_si512(moved, _mm512_set1_epi8(0x10))
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
 #[allow(clippy::needless_range_loop)] // y[r] and acc[r] are register tiles indexed by a constant bound
 unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
@@ -120,6 +139,39 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                         let t = _mm512_mul_ps(dot, _mm512_set1_ps(src.dfs[r * src.nsub + sb]));
                         y[r] = _mm512_fmadd_ps(dv, t, y[r]);
                     }
+                }
+            }
+            Format::Q40 | Format::Q50 => {
+                let dv = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
+                let (co, q5) = (src.f.codes_at(), src.f == Format::Q50);
+                let hb = if q5 {
+                    _mm512_loadu_si512(blk.add(src.f.high_bits_at()).cast())
+                } else {
+                    _mm512_setzero_si512()
+                };
+                let mut acc = [_mm512_setzero_si512(); M];
+                let mut acc2 = [_mm512_setzero_si512(); M];
+                for g in 0..4 {
+                    let wv = _mm512_loadu_si512(blk.add(co + g * 64).cast());
+                    let mut lo = _mm512_and_si512(wv, nib);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), nib);
+                    if q5 {
+                        lo = _mm512_or_si512(lo, fifth_bits(hb, 2 * g));
+                        hi = _mm512_or_si512(hi, fifth_bits(hb, 2 * g + 1));
+                    }
+                    for r in 0..M {
+                        let xr = src.xq.add(r * src.k + b * QSUB + g * 8);
+                        acc[r] = _mm512_dpbusd_epi32(acc[r], lo, bx(xr));
+                        acc2[r] = _mm512_dpbusd_epi32(acc2[r], hi, bx(xr.add(4)));
+                    }
+                }
+                let z = src.f.zero_point().expect("q4_0 / q5_0") as f32;
+                for r in 0..M {
+                    let sx = src.sxs[r * src.nsub + b];
+                    let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], acc2[r]));
+                    let c = _mm512_sub_ps(dot, _mm512_set1_ps(z * sx));
+                    let cd = _mm512_mul_ps(c, _mm512_set1_ps(src.dxs[r * src.nsub + b]));
+                    y[r] = _mm512_fmadd_ps(dv, cd, y[r]);
                 }
             }
             _ => {

@@ -13,7 +13,8 @@
 //!
 //! Numerical contract: the AVX-512 tier's, block for block (exact i32 sums; Q8 reads the coarse and
 //! residual activation codes and takes the weights' + 128 off with `128 * s_fine`; each block's
-//! contribution is added with fused multiply-adds: `d * t + y`; Q4 `d * dot + m * sum(q)`).
+//! contribution is added with fused multiply-adds: `d * t + y`; Q4 `d * dot + m * sum(q)`; Q40 / Q50
+//! `fma(d, (f32(dot) - z sum(q)) * dx, y)`).
 
 use std::arch::x86_64::*;
 
@@ -47,7 +48,7 @@ macro_rules! vnni_kernels {
         use std::ops::Range;
 
         use crate::quant::avx2::{bx, store_halves, BlockTile};
-        use crate::quant::avx2_unpack::f16x16;
+        use crate::quant::avx2_unpack::{f16x16, fifth_bits};
         use crate::quant::{Format, Job, LO, QSUB};
 
         /// x rows per register tile: 2 rows x 2 halves x 2 i32 chains, and 2 x 2 f32 outputs.
@@ -105,6 +106,41 @@ macro_rules! vnni_kernels {
                                 let dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(fine, fix));
                                 y[r][s] = _mm256_fmadd_ps(dv[s], _mm256_mul_ps(dot, dx), y[r][s]);
                             }
+                        }
+                    }
+                } else if let Some(z) = src.f.zero_point() {
+                    // Q40 / Q50: Q4's nibbles (Q50's fifth bits ORed in), then d * ((dot - z sx) * dx).
+                    let dv = f16x16(blk);
+                    let (co, q5) = (src.f.codes_at(), src.f == Format::Q50);
+                    let mut acc = [[_mm256_setzero_si256(); 2]; M];
+                    let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
+                    for g in 0..4 {
+                        let v = halves(blk.add(co + g * 64));
+                        let mut lo = v.map(|v| _mm256_and_si256(v, nib));
+                        let mut hi = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
+                        if q5 {
+                            let hb = halves(blk.add(src.f.high_bits_at()));
+                            for s in 0..2 {
+                                lo[s] = _mm256_or_si256(lo[s], fifth_bits(hb[s], 2 * g));
+                                hi[s] = _mm256_or_si256(hi[s], fifth_bits(hb[s], 2 * g + 1));
+                            }
+                        }
+                        for r in 0..M {
+                            let xr = src.xq.add(r * src.k + b * QSUB + g * 8);
+                            let (xa, xb) = (bx(xr), bx(xr.add(4)));
+                            for s in 0..2 {
+                                acc[r][s] = $dp(acc[r][s], lo[s], xa);
+                                acc2[r][s] = $dp(acc2[r][s], hi[s], xb);
+                            }
+                        }
+                    }
+                    for r in 0..M {
+                        let zs = _mm256_set1_ps(z as f32 * src.sxs[r * src.nsub + b]);
+                        let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
+                        for s in 0..2 {
+                            let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[r][s], acc2[r][s]));
+                            let c = _mm256_sub_ps(dot, zs);
+                            y[r][s] = _mm256_fmadd_ps(dv[s], _mm256_mul_ps(c, dx), y[r][s]);
                         }
                     }
                 } else {

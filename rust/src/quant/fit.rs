@@ -7,6 +7,11 @@
 //!   does: 21 trial grids around (max - min) / 15, each followed by the weighted least-squares d and m
 //!   for its codes; the best is rounded to f16 and the codes are chosen again for the rounded values.
 //!
+//! - Q40, Q50: d * (c - z), c in 0..2z, as llama.cpp's Q4_0 / Q5_0: d = s * max / -z for the value of
+//!   largest magnitude (it takes the code 0, where the range is one step longer), for the s in
+//!   `ZERO_SHRINK` of least weighted error (s = 1 is ggml's rule), rounded to f16 before the codes are
+//!   chosen for it.
+//!
 //! Weights of the squared error: with an importance vector (the mean of x^2 per input column over a
 //! calibration text), `imp[col] * sqrt(sigma2 + w^2)` as llama.cpp's imatrix quantizers use; without,
 //! the data-free `mean|w| + |w|` (Q4) or 1 (Q8).
@@ -17,6 +22,9 @@ use super::{f16_to_f32, f32_to_f16, Format, QuantRows, QSUB};
 
 /// Candidate shrink factors of the Q8 scale.
 const Q8_SHRINK: [f32; 5] = [1.0, 0.995, 0.99, 0.985, 0.98];
+
+/// Candidate shrink factors of the Q40 / Q50 scale.
+const ZERO_SHRINK: [f32; 6] = [1.0, 0.97, 0.94, 0.91, 0.88, 0.85];
 
 /// How to quantize one matrix.
 #[derive(Clone, Copy, Debug)]
@@ -100,6 +108,10 @@ pub fn quantize(
                         match f {
                             Format::Q8 => scales[r * nb + b] = fit_q8(x, wi, c, false),
                             Format::Q80 => scales[r * nb + b] = fit_q8(x, wi, c, true),
+                            Format::Q40 | Format::Q50 => {
+                                let z = f.zero_point().expect("q4_0 and q5_0 have zero points");
+                                scales[r * nb + b] = fit_zero(x, wi, c, z);
+                            }
                             Format::Q4 => {
                                 let (d, m) = fit_q4(x, wi, c);
                                 scales[r * nb + b] = d;
@@ -184,6 +196,45 @@ fn fit_q8(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8], half: bool) -> f32 {
             (v / best).round().clamp(-127.0, 127.0)
         };
         *c = (q as i32 + 128) as u8;
+    }
+    best
+}
+
+/// One Q40 / Q50 block (zero point z): writes codes 0..2z - 1, returns d (f16-representable).
+fn fit_zero(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8], z: i32) -> f32 {
+    let top = x
+        .iter()
+        .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
+    // The code of v on the grid d * c - z d, rounded as GPTQ rounds on the same grid (`grid.rs`'s step
+    // and offset; floor(t + 0.5) in f32), so that GPTQ under an identity Hessian stores these codes.
+    let code = |v: f32, d: f32| -> u8 {
+        if d == 0.0 {
+            z as u8
+        } else {
+            let off = -(z as f32) * d;
+            ((v - off) / d + 0.5).floor().clamp(0.0, (2 * z - 1) as f32) as u8
+        }
+    };
+    if top == 0.0 {
+        codes.fill(z as u8);
+        return 0.0;
+    }
+    let av = x.iter().map(|v| v.abs()).sum::<f32>() / x.len() as f32;
+    let wt = error_weights(x, imp, |v| av + v.abs());
+    let (mut best, mut best_err) = (0.0f32, f32::INFINITY);
+    for s in ZERO_SHRINK {
+        let d = f16_to_f32(f32_to_f16(s * top / -(z as f32)));
+        let err: f32 = x
+            .iter()
+            .zip(&wt)
+            .map(|(&v, &w)| w * (v - d * (code(v, d) as i32 - z) as f32).powi(2))
+            .sum();
+        if err < best_err {
+            (best, best_err) = (d, err);
+        }
+    }
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = code(v, best);
     }
     best
 }

@@ -1,10 +1,10 @@
-//! Portable scalar tier of `quant_linear` for Q8, Q80 and Q4, and the test oracle for the SIMD tiers (the
-//! super-block formats' is `superblock/generic.rs`).
+//! Portable scalar tier of `quant_linear` for Q8, Q80, Q4, Q40 and Q50, and the test oracle for the SIMD
+//! tiers (the super-block formats' is `superblock/generic.rs`).
 //!
 //! Numerical contract: exact i32 dot products per 32-block; each block's contribution
-//! `d * ((254 * dot + dot2) * dx')` (Q8, coarse and residual codes) or `(d * dot + m * sum(q)) * dx`
-//! (Q4) is added to the output in k order with plain multiplies and adds (no fused multiply-add); then
-//! the bias.
+//! `d * ((254 * dot + dot2) * dx')` (Q8, coarse and residual codes), `(d * dot + m * sum(q)) * dx`
+//! (Q4) or `d * ((dot - z * sum(q)) * dx)` (Q40, Q50; the difference exact in f32) is added to the
+//! output in k order with plain multiplies and adds (no fused multiply-add); then the bias.
 
 use std::ops::Range;
 
@@ -46,7 +46,14 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                                 }
                                 _ => {
                                     let (g, hi, u) = (kk / 8, (kk % 8) / 4, kk % 4);
-                                    ((blk[64 + g * 64 + r * 4 + u] >> (4 * hi)) & 0x0f) as i32
+                                    let byte = blk[f.codes_at() + g * 64 + r * 4 + u];
+                                    let lo = ((byte >> (4 * hi)) & 0x0f) as i32;
+                                    if f == Format::Q50 {
+                                        let plane = blk[f.high_bits_at() + r * 4 + u];
+                                        lo | ((((plane >> (2 * g + hi)) & 1) as i32) << 4)
+                                    } else {
+                                        lo
+                                    }
                                 }
                             };
                             dot += c * xq[sb * QSUB + t] as i32;
@@ -57,6 +64,13 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                                 let d = f.q8_scale(blk, r);
                                 let fine = LO * dot + dot2;
                                 d * (fine as f32 * a.d_fine[i * nsub + sb])
+                            }
+                            Format::Q40 | Format::Q50 => {
+                                let d =
+                                    f16_to_f32(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]));
+                                let z = f.zero_point().expect("q4_0 / q5_0") as f32;
+                                let (dx, sx) = (a.d[i * nsub + sb], a.s[i * nsub + sb]);
+                                d * ((dot as f32 - z * sx) * dx)
                             }
                             _ => {
                                 let d =

@@ -4,11 +4,12 @@
 //! Contract: where `exact_format` names a format, every value of the result (`QuantRows::dequantize`)
 //! equals ggml's own dequantization of the block bit for bit (the same f16 scales widened exactly, the
 //! same integer codes, the same float operations):
-//! - Q8_0 and Q5_0 -> `Q80`: d * c with ggml's f16 d and c = q or q - 16 (within int8);
+//! - Q8_0 -> `Q80`, Q5_0 -> `Q50`, Q4_0 -> `Q40`: d * (c - z) with ggml's f16 d and its codes, in the
+//!   file's own bits per weight (8.5, 5.5, 4.5);
+//! - parts of one fused matrix in different types of these three (a Q4_K_M file's Q5_0 q/k beside a Q8_0
+//!   v) stack in the widest of their formats, each part's values unchanged: Q4_0's codes q as q + 8 in
+//!   `Q50` (d * (q - 8) = d * ((q + 8) - 16)), Q4_0's and Q5_0's as q - z + 128 in `Q80` (`stack_format`);
 //! - Q4_1 -> `Q4`: d * c + m with ggml's f16 d and m;
-//! - Q4_0 -> `Q4`: d * c + m with m = -8 d (exact in f16: a power-of-two multiple), so d * c + m is ggml's
-//!   d * (q - 8) exactly (both terms exact in f32, and so their sum); or, to stack with Q8_0 / Q5_0 parts of
-//!   one fused matrix (`wide`), `Q80` with c = q - 8;
 //! - Q4_K -> `Q4K`: (d * sc) * c - dmin * m with ggml's f16 d and dmin and 6-bit sc and m per 32 values;
 //! - Q6_K -> `Q6K` when each 32 values' two 16-value scales are equal (this crate's Q6K has one i8 scale
 //!   per 32); otherwise its values (dequantized exactly) are quantized to `Q80`, whose 8-bit grid per 32
@@ -45,32 +46,52 @@ pub fn block_shape(ty: u32) -> Option<(usize, usize)> {
 /// The format that holds a ggml type's values exactly (Q6_K: only when its paired scales agree).
 pub fn exact_format(ty: u32) -> Option<Format> {
     match ty {
-        Q5_0 | Q8_0 => Some(Format::Q80),
-        Q4_0 | Q4_1 => Some(Format::Q4),
+        Q8_0 => Some(Format::Q80),
+        Q5_0 => Some(Format::Q50),
+        Q4_0 => Some(Format::Q40),
+        Q4_1 => Some(Format::Q4),
         Q4_K => Some(Format::Q4K),
         Q6_K => Some(Format::Q6K),
         _ => None,
     }
 }
 
+/// The format in which parts of these types stack into one matrix with every value the file's: their
+/// common format, or for a mix of Q4_0 / Q5_0 / Q8_0 the widest of theirs; None for other mixes.
+pub fn stack_format(types: &[u32]) -> Option<Format> {
+    let first = exact_format(*types.first()?)?;
+    if types.iter().all(|&t| exact_format(t) == Some(first)) {
+        return Some(first);
+    }
+    if !types.iter().all(|t| matches!(*t, Q4_0 | Q5_0 | Q8_0)) {
+        return None;
+    }
+    Some(if types.contains(&Q8_0) {
+        Format::Q80
+    } else {
+        Format::Q50
+    })
+}
+
+/// Whether `into` holds a ggml type's values exactly (`stack_format`'s widenings).
+fn holds(ty: u32, into: Format) -> bool {
+    exact_format(ty) == Some(into)
+        || matches!((ty, into), (Q4_0, Format::Q50) | (Q4_0 | Q5_0, Format::Q80))
+}
+
 fn f16_at(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
-/// Whether a ggml type's values fit `Q80` exactly (what a fused matrix of such parts is stored as).
-pub fn fits_q80(ty: u32) -> bool {
-    matches!(ty, Q4_0 | Q5_0 | Q8_0)
-}
-
 /// An [n, k] matrix of ggml type `ty` (`data`: its n rows of blocks, as in the file) in the reference form,
-/// and whether its values are the file's exactly (false: Q6_K quantized to Q80, see the module). `wide`:
-/// Q4_0 into `Q80` (to stack with Q8_0 / Q5_0 parts) rather than `Q4`.
+/// and whether its values are the file's exactly (false: Q6_K quantized to Q80, see the module). `into`:
+/// the format to hold it (`stack_format` of a fused matrix's parts); None: the type's own.
 pub fn to_rows(
     ty: u32,
     data: &[u8],
     n: usize,
     k: usize,
-    wide: bool,
+    into: Option<Format>,
 ) -> Result<(QuantRows, bool), String> {
     let (bs, bb) = block_shape(ty).ok_or_else(|| {
         format!("ggml type {ty} has no repacking here (read: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K)")
@@ -88,10 +109,14 @@ pub fn to_rows(
             n.saturating_mul(row_bytes)
         ));
     }
-    let f = match (ty, wide) {
-        (Q4_0, true) => Format::Q80,
-        _ => exact_format(ty).expect("every type with a block shape has a format"),
-    };
+    let f = into
+        .unwrap_or_else(|| exact_format(ty).expect("every type with a block shape has a format"));
+    if !holds(ty, f) {
+        return Err(format!(
+            "ggml type {ty} cannot be held exactly in {}",
+            f.name()
+        ));
+    }
     if ty == Q6_K && !q6k_pairs_agree(data) {
         let values = q6_k_values(data, n, k);
         let opt = QuantOptions {
@@ -107,19 +132,12 @@ pub fn to_rows(
             let at = j * k + b * bs;
             let codes = &mut q.codes[at..at + bs];
             match ty {
-                Q4_0 if !wide => {
-                    let d = f16_at(blk, 0);
-                    q.scales[j * (k / 32) + b] = d;
-                    q.mins[j * (k / 32) + b] = -8.0 * d;
-                    for (t, c) in codes.iter_mut().enumerate() {
-                        *c = (blk[2 + t % 16] >> (4 * (t / 16))) & 0x0f;
-                    }
-                }
                 Q8_0 | Q5_0 | Q4_0 => {
                     q.scales[j * (k / 32) + b] = f16_at(blk, 0);
+                    // Stored c + z: 128 for Q80's unsigned codes, Q40's 8 and Q50's 16.
+                    let z = f.zero_point().unwrap_or(128);
                     for (t, c) in codes.iter_mut().enumerate() {
-                        // Stored c + 128 (the Q8 formats' unsigned codes).
-                        *c = (small_code(ty, blk, t) + 128) as u8;
+                        *c = (small_code(ty, blk, t) + z) as u8;
                     }
                 }
                 Q4_1 => {
@@ -220,6 +238,60 @@ fn q6_k_values(data: &[u8], n: usize, k: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::QuantWeight;
+
+    #[test]
+    fn parts_stack_in_the_widest_format_that_holds_them_all() {
+        assert_eq!(stack_format(&[Q4_0]), Some(Format::Q40));
+        assert_eq!(stack_format(&[Q5_0, Q5_0]), Some(Format::Q50));
+        assert_eq!(stack_format(&[Q4_0, Q5_0, Q5_0]), Some(Format::Q50));
+        assert_eq!(stack_format(&[Q4_0, Q8_0]), Some(Format::Q80));
+        assert_eq!(stack_format(&[Q5_0, Q8_0, Q4_0]), Some(Format::Q80));
+        assert_eq!(stack_format(&[Q4_K, Q4_K]), Some(Format::Q4K));
+        assert_eq!(stack_format(&[Q4_K, Q6_K]), None);
+        assert_eq!(stack_format(&[Q4_1, Q4_0]), None);
+        assert_eq!(stack_format(&[]), None);
+    }
+
+    /// Random Q4_0 / Q5_0 blocks in each format that holds them: every value ggml's d * (q - z), through
+    /// the packed form and back.
+    #[test]
+    fn q4_0_and_q5_0_blocks_keep_their_values_in_every_format_that_holds_them() {
+        let (n, k) = (19, 96);
+        let mut seed = 3u64;
+        let mut byte = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 56) as u8
+        };
+        for (ty, intos) in [
+            (Q4_0, vec![Format::Q40, Format::Q50, Format::Q80]),
+            (Q5_0, vec![Format::Q50, Format::Q80]),
+        ] {
+            let (_, bb) = block_shape(ty).unwrap();
+            let mut data: Vec<u8> = (0..n * k / 32 * bb).map(|_| byte()).collect();
+            for blk in data.chunks_exact_mut(bb) {
+                blk[..2].copy_from_slice(&crate::quant::f32_to_f16(0.01).to_le_bytes());
+            }
+            // ggml's dequantization: d * (q - z), the signed code times the f16 scale widened.
+            let d = f16_to_f32(crate::quant::f32_to_f16(0.01));
+            let want: Vec<f32> = data
+                .chunks_exact(bb)
+                .flat_map(|blk| (0..32).map(move |t| d * small_code(ty, blk, t) as f32))
+                .collect();
+            assert!(to_rows(ty, &data, n, k, Some(Format::Q4)).is_err());
+            for into in intos {
+                let (q, exact) = to_rows(ty, &data, n, k, Some(into)).unwrap();
+                assert!(exact && q.format == into);
+                let back = QuantWeight::pack(&q).unpack();
+                assert!(
+                    back.dequantize() == want,
+                    "{ty} in {into:?}: values changed"
+                );
+            }
+        }
+    }
 
     #[test]
     fn q4_k_scale_unpacking_reads_all_six_bits() {

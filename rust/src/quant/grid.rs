@@ -1,10 +1,10 @@
 //! A fitted matrix's grid, what GPTQ (`kwker_torch/decoder/gptq.py`) quantizes column by column under:
 //! for every row and 32-value sub-block, the step and offset with which a stored code c (as
-//! `QuantRows::codes` holds it: Q8 and Q80 `c + 128`, Q6K `c + 32`) stands for `step * c + offset`,
+//! `QuantRows::codes` holds it: Q8 and Q80 `c + 128`, Q6K `c + 32`, Q40 and Q50 `c + z`) stands for `step * c + offset`,
 //! and the codes' range; then `set_codes` puts codes chosen elsewhere back under the same grid.
 //!
 //! Numerical contract: `step * c + offset` equals `QuantRows::dequantize` exactly for Q4 and Q4K (the
-//! same f32 operations), and up to one f32 rounding for Q8, Q80 and Q6K (`d * (c - z)` against
+//! same f32 operations), and up to one f32 rounding for Q8, Q80, Q40, Q50 and Q6K (`d * (c - z)` against
 //! `d * c - d * z`): GPTQ only uses these values to carry each column's rounding error onward, and
 //! the codes it chooses are stored as they are.
 
@@ -17,6 +17,8 @@ pub fn code_range(f: Format) -> (u8, u8) {
         Format::Q8 | Format::Q80 => (1, 255),
         Format::Q4 | Format::Q4K => (0, 15),
         Format::Q6K => (0, 63),
+        Format::Q40 => (0, 15),
+        Format::Q50 => (0, 31),
     }
 }
 
@@ -29,12 +31,13 @@ pub fn grid(q: &QuantRows) -> (Vec<f32>, Vec<f32>) {
     for j in 0..n {
         for s in 0..nsub {
             let (st, off) = match f {
-                Format::Q8 | Format::Q80 | Format::Q4 => {
+                Format::Q8 | Format::Q80 | Format::Q4 | Format::Q40 | Format::Q50 => {
                     let b = j * nb + s * QSUB / f.block();
                     if f == Format::Q4 {
                         (q.scales[b], q.mins[b])
                     } else {
-                        (q.scales[b], -128.0 * q.scales[b])
+                        let z = f.zero_point().unwrap_or(128);
+                        (q.scales[b], -(z as f32) * q.scales[b])
                     }
                 }
                 Format::Q4K => {

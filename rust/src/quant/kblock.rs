@@ -34,7 +34,7 @@ pub(crate) const fn super_bytes(f: Format, t: usize) -> usize {
     match f {
         Format::Q4K => 64 + 16 * t + 16 * t.div_ceil(2) + 256 * t,
         Format::Q6K => 32 + 16 * t + 384 * t,
-        Format::Q8 | Format::Q80 | Format::Q4 => 0,
+        _ => 0,
     }
 }
 

@@ -2,13 +2,15 @@
 //! dequantize, and `QuantWeight`, the same numbers packed into panels of 16 output rows for the
 //! kernels (and back: `unpack`, `from_packed` of a saved decoder, `row_f32` of an embedding lookup).
 //!
-//! Numerical contract: packing is lossless (`unpack` gives back the reference form; Q80's scales are
-//! f16 values already), and `dequantize` / `row_f32` compute each value as `d * (c - 128)` (Q8, Q80) or
-//! `d * c + m` (Q4) in f32, the super-block formats' as `kblock::value`.
+//! Numerical contract: packing is lossless (`unpack` gives back the reference form; Q80's, Q40's and
+//! Q50's scales are f16 values already), and `dequantize` / `row_f32` compute each value as
+//! `d * (c - 128)` (Q8, Q80), `d * c + m` (Q4) or `d * (c - z)` (Q40, Q50) in f32, the super-block
+//! formats' as `kblock::value`.
 
 use super::{f16_to_f32, f32_to_f16, kblock, Format, QPANEL, QSUB};
 
-/// The reference form: `codes[j * k + kk]` (Q8 and Q80 stored as `c + 128`, Q6K as `c + 32`),
+/// The reference form: `codes[j * k + kk]` (Q8 and Q80 stored as `c + 128`, Q6K as `c + 32`, Q40 and Q50
+/// as their unsigned codes),
 /// `scales[j * nb + b]`, `mins[j * nb + b]` (Q4 and Q4K; f16-representable, as Q4's scales; Q4K's
 /// min is subtracted), with nb = ceil(k / block); the super-block formats' sub-block scales
 /// `subs[j * k / 32 + s]` (Q6K, an i8 as u8) or `subs[2 (j * k / 32 + s) + {0, 1}]` (Q4K's sc, mc).
@@ -77,12 +79,20 @@ impl QuantRows {
             }
             let b = j * nb + kk / self.format.block();
             let c = self.codes[i] as f32;
-            *o = match self.format {
-                Format::Q8 | Format::Q80 => self.scales[b] * (c - 128.0),
-                _ => self.scales[b] * c + self.mins[b],
-            };
+            *o = value(self.format, self.scales[b], self.mins.get(b).copied(), c);
         }
         out
+    }
+}
+
+/// A Q8 / Q80 / Q4 / Q40 / Q50 value from its block's scale d, min m (Q4) and stored code c, as the
+/// module's contract says.
+#[inline]
+fn value(f: Format, d: f32, m: Option<f32>, c: f32) -> f32 {
+    match (f, f.zero_point()) {
+        (Format::Q8 | Format::Q80, _) => d * (c - 128.0),
+        (_, Some(z)) => d * (c - z as f32),
+        _ => d * c + m.expect("q4 has mins"),
     }
 }
 
@@ -102,8 +112,13 @@ impl QuantWeight {
     ///   Q80: 16 f16 scales, then the codes as Q8's with one 32-k half per block.
     /// - Q4: 16 f16 scales, 16 f16 mins, then for each group g of 8 k, 16 rows x 4 bytes whose low
     ///   nibbles are k = 8g..8g+3 and high nibbles k = 8g+4..8g+7.
+    /// - Q40: 16 f16 scales, then the nibbles as Q4's. Q50: the same, then a 64-byte bit plane of the
+    ///   codes' fifth bits: byte `4 r + u` (row r) holds in bit `v = 2 g + h` the fifth bit of k =
+    ///   8g + 4h + u, the code that nibble h of byte `4 r + u` of group g holds the low bits of (so one
+    ///   shift and one mask move vector v's bits to bit 4 of the bytes they complete).
     ///
-    /// Rows past n are zero weights (Q8 code 128, scale 0; Q4 code 0, scale 0, min 0).
+    /// Rows past n are zero weights (Q8 code 128, scale 0; Q4 code 0, scale 0, min 0; Q40 / Q50 code 0,
+    /// scale 0).
     pub fn pack(q: &QuantRows) -> QuantWeight {
         let (f, n, k) = (q.format, q.n, q.k);
         assert!(
@@ -163,14 +178,23 @@ impl QuantWeight {
                             }
                         }
                         _ => {
-                            let m = if live { q.mins[j * nb + b] } else { 0.0 };
+                            debug_assert_eq!(f16_to_f32(f32_to_f16(s)), s, "nibble scales are f16");
                             blk[r * 2..r * 2 + 2].copy_from_slice(&f32_to_f16(s).to_le_bytes());
-                            blk[32 + r * 2..34 + r * 2]
-                                .copy_from_slice(&f32_to_f16(m).to_le_bytes());
+                            if f == Format::Q4 {
+                                let m = if live { q.mins[j * nb + b] } else { 0.0 };
+                                blk[32 + r * 2..34 + r * 2]
+                                    .copy_from_slice(&f32_to_f16(m).to_le_bytes());
+                            }
+                            let (co, hb) = (f.codes_at(), f.high_bits_at());
                             for g in 0..4 {
                                 for t in 0..4 {
-                                    let byte = code(g * 8 + t) | (code(g * 8 + 4 + t) << 4);
-                                    blk[64 + g * 64 + r * 4 + t] = byte;
+                                    let (lo, hi) = (code(g * 8 + t), code(g * 8 + 4 + t));
+                                    blk[co + g * 64 + r * 4 + t] = (lo & 0x0f) | ((hi & 0x0f) << 4);
+                                    if f == Format::Q50 {
+                                        let bits = ((lo >> 4) & 1) << (2 * g)
+                                            | ((hi >> 4) & 1) << (2 * g + 1);
+                                        blk[hb + r * 4 + t] |= bits;
+                                    }
                                 }
                             }
                         }
@@ -233,9 +257,15 @@ impl QuantWeight {
         let (blk, r, t) = (self.block_of(j, kk / bs), j % QPANEL, kk % bs);
         match self.format {
             Format::Q8 | Format::Q80 => blk[self.format.codes_at() + (t / 4) * 64 + r * 4 + t % 4],
-            _ => {
+            f => {
                 let (g, h, u) = (t / 8, (t % 8) / 4, t % 4);
-                (blk[64 + g * 64 + r * 4 + u] >> (4 * h)) & 0x0f
+                let lo = (blk[f.codes_at() + g * 64 + r * 4 + u] >> (4 * h)) & 0x0f;
+                if f == Format::Q50 {
+                    let bit = (blk[f.high_bits_at() + r * 4 + u] >> (2 * g + h)) & 1;
+                    lo | (bit << 4)
+                } else {
+                    lo
+                }
             }
         }
     }
@@ -317,10 +347,8 @@ impl QuantWeight {
         let bs = self.format.block();
         for (kk, o) in out[..self.k].iter_mut().enumerate() {
             let (s, c) = (self.scale(j, kk / bs), self.code(j, kk) as f32);
-            *o = match self.format {
-                Format::Q8 | Format::Q80 => s * (c - 128.0),
-                _ => s * c + self.min(j, kk / bs),
-            };
+            let m = (self.format == Format::Q4).then(|| self.min(j, kk / bs));
+            *o = value(self.format, s, m, c);
         }
     }
 }
