@@ -341,7 +341,7 @@ pub unsafe extern "C" fn kwker_quant_grid(
             threads: pool().threads(),
         };
         let q = quantize(w, rows, cols, &opt)?;
-        let (st, off) = grid::grid(&q);
+        let (st, off) = grid::grid(&q)?;
         let (lo, hi) = grid::code_range(f);
         // SAFETY: the outputs are writable for these lengths (caller's contract); st and off hold
         // rows * cols / 32 values (cols is a multiple of the granule, itself of 32).

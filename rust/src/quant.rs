@@ -12,7 +12,8 @@
 //!   types run in their own bits (`gguf.rs`); the same 4-bit nibble layout as Q4, Q50's fifth bit in a
 //!   bit plane (`QuantWeight::pack`).
 //! - `Q4K`, `Q6K`: super-blocks of 256 values with 6-/8-bit scales per 32-value sub-block (4.5 and
-//!   6.3125 bits per weight; layout and values in `kblock`).
+//!   6.3125 bits per weight; layout and values in `kblock`); `Q6K16` as Q6K with an i8 scale per 16
+//!   values (6.5625 bits per weight: llama.cpp's Q6_K, so a GGUF file's Q6_K tensors run as they are).
 //!
 //! `QuantRows` is the reference form (codes row-major, one scale per row and block) that the
 //! quantizers produce and the tests dequantize; `QuantWeight` is the same numbers packed into panels
@@ -89,10 +90,11 @@ pub enum Format {
     Q6K,
     Q40,
     Q50,
+    Q6K16,
 }
 
 impl Format {
-    pub const ALL: [Format; 7] = [
+    pub const ALL: [Format; 8] = [
         Format::Q8,
         Format::Q80,
         Format::Q4,
@@ -100,6 +102,7 @@ impl Format {
         Format::Q6K,
         Format::Q40,
         Format::Q50,
+        Format::Q6K16,
     ];
 
     /// Values of k sharing one scale (the super-block formats: one top-level scale).
@@ -107,7 +110,7 @@ impl Format {
         match self {
             Format::Q8 => 64,
             Format::Q80 | Format::Q4 | Format::Q40 | Format::Q50 => 32,
-            Format::Q4K | Format::Q6K => kblock::SUPER,
+            Format::Q4K | Format::Q6K | Format::Q6K16 => kblock::SUPER,
         }
     }
 
@@ -142,7 +145,12 @@ impl Format {
 
     /// Whether values are stored in super-blocks (`kblock`).
     pub const fn is_super(self) -> bool {
-        matches!(self, Format::Q4K | Format::Q6K)
+        matches!(self, Format::Q4K | Format::Q6K | Format::Q6K16)
+    }
+
+    /// Whether values are Q6K's 6-bit codes (Q6K, Q6K16: the same code layout, scales per 32 or 16).
+    pub const fn is_q6(self) -> bool {
+        matches!(self, Format::Q6K | Format::Q6K16)
     }
 
     /// Byte offset of a Q8 / Q80 / Q4 / Q40 / Q50 block's codes, after its 16 rows' scales (Q8: f32;
@@ -177,7 +185,7 @@ impl Format {
             Format::Q4 => QPANEL * 2 * 2 + QPANEL * 16,
             Format::Q40 => QPANEL * 2 + QPANEL * 16,
             Format::Q50 => QPANEL * 2 + QPANEL * 16 + QPANEL * 4,
-            Format::Q4K | Format::Q6K => kblock::super_bytes(self, kblock::SUBS),
+            Format::Q4K | Format::Q6K | Format::Q6K16 => kblock::super_bytes(self, kblock::SUBS),
         }
     }
 
@@ -199,6 +207,7 @@ impl Format {
             Format::Q6K => "q6k",
             Format::Q40 => "q4_0",
             Format::Q50 => "q5_0",
+            Format::Q6K16 => "q6_k",
         }
     }
 

@@ -131,7 +131,7 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
             let what = format!("amx kernels (emulated tdpbsud, simd epilogue {simd})");
             check(&got, &what, threads);
             same(&got, &what);
-            if format.is_super() && m >= 16 && threads == 1 {
+            if format.is_super() && format != Format::Q6K16 && m >= 16 && threads == 1 {
                 assert!(
                     super_amx_products_run() > before,
                     "{format:?} m={m} n={n} k={k}: the AMX path did not run"
@@ -174,7 +174,7 @@ fn super_block_formats_match_the_reference_in_every_tier() {
     // unpacked ones (from 6 rows: 6-row tiles over 2 panels, 3- and 4-row ones); n around the 2-panel
     // groups (1, 2, 3, 5 panels).
     let mut rng = Rng::new(27);
-    for format in [Format::Q4K, Format::Q6K] {
+    for format in [Format::Q4K, Format::Q6K, Format::Q6K16] {
         for &n in &[1, 15, 16, 17, 33, 65] {
             for &k in &[32, 96, 256, 288, 512, 576, 896, 960] {
                 for &m in &[1, 2, 3, 5, 6, 7, 8, 9, 13, 17] {
@@ -191,7 +191,11 @@ fn super_block_formats_match_the_reference_in_every_tier() {
 #[test]
 fn super_block_bytes_are_what_the_format_says() {
     let mut rng = Rng::new(28);
-    for (format, bits) in [(Format::Q4K, 4.5), (Format::Q6K, 6.3125)] {
+    for (format, bits) in [
+        (Format::Q4K, 4.5),
+        (Format::Q6K, 6.3125),
+        (Format::Q6K16, 6.5625),
+    ] {
         assert_eq!(format.bits_per_weight(), bits);
         let w = QuantWeight::pack(&quantize(&rng.vec(32 * 512), 32, 512, &opts(format)).unwrap());
         assert_eq!(w.bytes() * 8, (bits * 32.0 * 512.0) as usize, "{format:?}");
@@ -332,7 +336,7 @@ fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
                     Format::Q40 => (1.0 - 0.85 * 7.0 / 8.0) * amax + 1e-6,
                     Format::Q50 => (1.0 - 0.85 * 15.0 / 16.0) * amax + 1e-6,
                     Format::Q4K => 2.2 * smax / 15.0,
-                    Format::Q6K => 1.5 * smax / 31.0,
+                    Format::Q6K | Format::Q6K16 => 1.5 * smax / 31.0,
                 };
                 assert!(
                     err <= bound,
@@ -357,6 +361,9 @@ fn quantizers_stay_within_their_error_bounds_and_packing_round_trips() {
         q4 < 0.036 && q4k < 0.037 && q6k < 0.0100,
         "{q4} {q4k} {q6k}"
     );
+    // A scale per 16 values fits no worse than one per 32.
+    let q6k16 = rms(Format::Q6K16);
+    assert!(q6k16 <= q6k * 1.001, "{q6k16} {q6k}");
     // Q40 / Q50: grids of 16 and 32 levels with step about amax / 8 and amax / 16 (0.036 and 0.018 of
     // rounding alone).
     let (q40, q50) = (rms(Format::Q40), rms(Format::Q50));
@@ -373,7 +380,7 @@ fn importance_moves_the_error_to_the_columns_that_do_not_matter() {
         .collect();
     let weighted =
         |q: &[f32]| -> f32 { (0..n * k).map(|i| imp[i % k] * (w[i] - q[i]).powi(2)).sum() };
-    for format in [Format::Q4, Format::Q4K, Format::Q6K] {
+    for format in [Format::Q4, Format::Q4K, Format::Q6K, Format::Q6K16] {
         let plain = quantize(&w, n, k, &opts(format)).unwrap().dequantize();
         let fitted = quantize(
             &w,
@@ -557,7 +564,8 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
             let mut all = vec![0.0; m * n];
             let before = super_amx_products_run();
             quant_linear_amx_emulated(false, &Serial, &x, m, &w, None, &mut all);
-            if format.is_super() {
+            // Q6K16 does not run on AMX tiles (a scale per 16 values: the AVX-512 tiles take it).
+            if format.is_super() && format != Format::Q6K16 {
                 // 3 panels (2 + 1) x 18 sub-blocks (k = 576) per 16-row chunk.
                 let chunks = if m >= 16 { m.div_ceil(16) } else { 0 };
                 assert_eq!(

@@ -41,8 +41,8 @@ def _raw_q4_k(rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _raw_q6_k(rows: int, cols: int, rng: np.random.Generator, paired: bool) -> np.ndarray:
-    """Random Q6_K blocks (ql, qh, 16 int8 scales, d); ``paired``: each 32 values' two scales equal, which
-    the decoder's q6k (one scale per 32) carries exactly."""
+    """Random Q6_K blocks (ql, qh, 16 int8 scales, d); ``paired``: each 32 values' two scales equal (the
+    decoder's q6_k holds either exactly, its scale per 16 values as the file's)."""
     b = rng.integers(0, 256, size=(rows, cols // 256, 210), dtype=np.uint8)
     scales = rng.integers(-32, 32, size=(rows, cols // 256, 16), dtype=np.int8)
     if paired:
@@ -54,8 +54,8 @@ def _raw_q6_k(rows: int, cols: int, rng: np.random.Generator, paired: bool) -> n
 
 # Layer 0: every type repacked exactly, in its own bits or, in one fused matrix, in the widest of its parts'
 # (Q4_0 beside Q5_0 in q/k/v: q5_0; Q5_0 beside Q8_0 in gate/up: q8_0; Q4_0 alone: q4_0); layer 1: a fused
-# projection of mixed formats, a type with no repack (Q5_1), a Q6_K whose paired scales differ, and an F16
-# matrix; the embedding Q4_1 (q4), the head Q4_K (q4k).
+# projection of mixed formats, a type with no repack (Q5_1), a Q6_K whose paired scales differ (exact too),
+# and an F16 matrix; the embedding Q4_1 (q4), the head Q4_K (q4k).
 TYPES = {
     "blk.0.attn_q": Q.Q4_0, "blk.0.attn_k": Q.Q5_0, "blk.0.attn_v": Q.Q5_0, "blk.0.attn_output": Q.Q4_0,
     "blk.0.ffn_gate": Q.Q5_0, "blk.0.ffn_up": Q.Q8_0, "blk.0.ffn_down": "Q6_K paired",
@@ -121,14 +121,14 @@ def test_every_exactly_repacked_matrix_holds_the_files_values(llama_file: Any, c
         dec = KwkDecoder.from_gguf(path, max_context=64)
     info = dec.info["gguf"]
     assert dec.info["kv_cache"] == "q8"  # the default beside quantized matrices, as from_hf's int4
-    assert sorted(info["exact"]) == sorted(["qkv.0", "o.0", "up.0", "down.0", "o.1", "embed.0", "lm_head.0"])
+    assert sorted(info["exact"]) == sorted(["qkv.0", "o.0", "up.0", "down.0", "o.1", "down.1", "embed.0",
+                                            "lm_head.0"])  # fmt: skip
     assert info["converted"] == {
-        "qkv.1": "Q4_K+Q6_K -> q8_0", "up.1": "Q5_1 -> q6k (dequantized and quantized again)",
-        "down.1": "Q6_K -> q8_0",
+        "qkv.1": "Q4_K+Q6_K -> q6_k", "up.1": "Q5_1 -> q6k (dequantized and quantized again)",
     }  # fmt: skip
     assert dec.info["formats"] == {
-        "qkv.0": "q5_0", "o.0": "q4_0", "up.0": "q8_0", "down.0": "q6k", "qkv.1": "q8_0", "o.1": "f32",
-        "up.1": "q6k", "down.1": "q8_0", "embed.0": "q4", "lm_head.0": "q4k",
+        "qkv.0": "q5_0", "o.0": "q4_0", "up.0": "q8_0", "down.0": "q6_k", "qkv.1": "q6_k", "o.1": "f32",
+        "up.1": "q6k", "down.1": "q6_k", "embed.0": "q4", "lm_head.0": "q4k",
     }  # fmt: skip
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "(Q5_1)" in warnings[0] and "llama.gguf" in warnings[0]

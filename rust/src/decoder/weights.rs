@@ -22,10 +22,11 @@ pub enum MatFormat {
     Q6K,
     Q40,
     Q50,
+    Q6K16,
 }
 
 impl MatFormat {
-    pub const ALL: [MatFormat; 9] = [
+    pub const ALL: [MatFormat; 10] = [
         MatFormat::F32,
         MatFormat::Bf16,
         MatFormat::Q8,
@@ -35,6 +36,7 @@ impl MatFormat {
         MatFormat::Q6K,
         MatFormat::Q40,
         MatFormat::Q50,
+        MatFormat::Q6K16,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +58,7 @@ impl MatFormat {
             MatFormat::Q6K => Some(Format::Q6K),
             MatFormat::Q40 => Some(Format::Q40),
             MatFormat::Q50 => Some(Format::Q50),
+            MatFormat::Q6K16 => Some(Format::Q6K16),
         }
     }
 
@@ -108,6 +111,7 @@ impl Mat {
                 Format::Q6K => MatFormat::Q6K,
                 Format::Q40 => MatFormat::Q40,
                 Format::Q50 => MatFormat::Q50,
+                Format::Q6K16 => MatFormat::Q6K16,
             },
         }
     }

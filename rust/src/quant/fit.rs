@@ -123,9 +123,10 @@ pub fn quantize(
                                 scales[r * nb + b] = d;
                                 mins.as_deref_mut().expect("q4k has mins")[r * nb + b] = m;
                             }
-                            Format::Q6K => {
+                            Format::Q6K | Format::Q6K16 => {
                                 let sv = &mut subs.as_deref_mut().expect("q6k has subs")[sub];
-                                scales[r * nb + b] = fit_q6k(x, wi, c, sv);
+                                let len = QSUB / subs_per_block(f);
+                                scales[r * nb + b] = fit_q6k(x, wi, c, sv, len);
                             }
                         }
                     }

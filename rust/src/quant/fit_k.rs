@@ -95,19 +95,25 @@ fn best_d(smax: f32, levels: f32, mut code: impl FnMut(f32) -> f32) -> f32 {
 }
 
 /// One Q6K super-block: writes codes `c + 32` and i8 scales (as u8) into `subs`, returns d
-/// (f16-representable, possibly negative).
-pub(crate) fn fit_q6k(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8], subs: &mut [u8]) -> f32 {
-    let t = x.len() / QSUB;
-    let mut scale = [0.0f32; SUBS];
+/// (f16-representable, possibly negative). `len`: values per scale (32: Q6K, 16: Q6K16).
+pub(crate) fn fit_q6k(
+    x: &[f32],
+    imp: Option<&[f32]>,
+    codes: &mut [u8],
+    subs: &mut [u8],
+    len: usize,
+) -> f32 {
+    let t = x.len() / len;
+    let mut scale = vec![0.0f32; t];
     let mut wts: Vec<Vec<f32>> = Vec::with_capacity(t);
     for s in 0..t {
-        let xs = &x[s * QSUB..(s + 1) * QSUB];
-        let wt = error_weights(xs, imp.map(|v| &v[s * QSUB..(s + 1) * QSUB]), |v| v * v);
+        let xs = &x[s * len..(s + 1) * len];
+        let wt = error_weights(xs, imp.map(|v| &v[s * len..(s + 1) * len]), |v| v * v);
         scale[s] = fit_sym(xs, &wt);
         wts.push(wt);
     }
     // The scale of largest magnitude, with its sign: it maps to -128 / 127 as Q6_K's do.
-    let smax = scale[..t]
+    let smax = scale
         .iter()
         .fold(0.0f32, |a, &v| if v.abs() > a.abs() { v } else { a });
     // For d: each sub-block's scale rounded to an i8 multiple of d, x coded for it.
@@ -121,7 +127,7 @@ pub(crate) fn fit_q6k(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8], subs: &m
             };
             subs[s] = sc as i8 as u8;
             let ds = d * sc;
-            for i in s * QSUB..(s + 1) * QSUB {
+            for i in s * len..(s + 1) * len {
                 let c = if ds != 0.0 {
                     (x[i] / ds).round().clamp(-32.0, 31.0)
                 } else {
@@ -129,7 +135,7 @@ pub(crate) fn fit_q6k(x: &[f32], imp: Option<&[f32]>, codes: &mut [u8], subs: &m
                 };
                 codes[i] = (c as i32 + 32) as u8;
                 let e = ds * c - x[i];
-                err += wt[i - s * QSUB] * e * e;
+                err += wt[i - s * len] * e * e;
             }
         }
         err

@@ -11,14 +11,12 @@
 //!   `Q50` (d * (q - 8) = d * ((q + 8) - 16)), Q4_0's and Q5_0's as q - z + 128 in `Q80` (`stack_format`);
 //! - Q4_1 -> `Q4`: d * c + m with ggml's f16 d and m;
 //! - Q4_K -> `Q4K`: (d * sc) * c - dmin * m with ggml's f16 d and dmin and 6-bit sc and m per 32 values;
-//! - Q6_K -> `Q6K` when each 32 values' two 16-value scales are equal (this crate's Q6K has one i8 scale
-//!   per 32); otherwise its values (dequantized exactly) are quantized to `Q80`, whose 8-bit grid per 32
-//!   values moves each by at most half a step of 1/127 of its block's largest (`to_rows` says which).
+//! - Q6_K -> `Q6K16`: (d * sc) * (u - 32) with ggml's f16 d, an i8 sc per 16 values and 6-bit codes.
 //!
 //! Block layouts are ggml's (`ggml-common.h`): little-endian, one row of k values = k / 32 (k / 256 for the
 //! K-quants) blocks.
 
-use super::{f16_to_f32, fit, Format, QuantOptions, QuantRows, QSUB};
+use super::{f16_to_f32, Format, QuantRows, QSUB};
 
 /// ggml type ids (`enum ggml_type`) this module reads.
 pub const F32: u32 = 0;
@@ -43,7 +41,7 @@ pub fn block_shape(ty: u32) -> Option<(usize, usize)> {
     })
 }
 
-/// The format that holds a ggml type's values exactly (Q6_K: only when its paired scales agree).
+/// The format that holds a ggml type's values exactly.
 pub fn exact_format(ty: u32) -> Option<Format> {
     match ty {
         Q8_0 => Some(Format::Q80),
@@ -51,7 +49,7 @@ pub fn exact_format(ty: u32) -> Option<Format> {
         Q4_0 => Some(Format::Q40),
         Q4_1 => Some(Format::Q4),
         Q4_K => Some(Format::Q4K),
-        Q6_K => Some(Format::Q6K),
+        Q6_K => Some(Format::Q6K16),
         _ => None,
     }
 }
@@ -84,7 +82,7 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
 }
 
 /// An [n, k] matrix of ggml type `ty` (`data`: its n rows of blocks, as in the file) in the reference form,
-/// and whether its values are the file's exactly (false: Q6_K quantized to Q80, see the module). `into`:
+/// and whether its values are the file's exactly (every type read here: true). `into`:
 /// the format to hold it (`stack_format` of a fused matrix's parts); None: the type's own.
 pub fn to_rows(
     ty: u32,
@@ -116,15 +114,6 @@ pub fn to_rows(
             "ggml type {ty} cannot be held exactly in {}",
             f.name()
         ));
-    }
-    if ty == Q6_K && !q6k_pairs_agree(data) {
-        let values = q6_k_values(data, n, k);
-        let opt = QuantOptions {
-            format: Format::Q80,
-            importance: None,
-            threads: 1,
-        };
-        return fit::quantize(&values, n, k, &opt).map(|q| (q, false));
     }
     let mut q = QuantRows::zeros(f, n, k);
     for (j, row) in data.chunks_exact(row_bytes).enumerate() {
@@ -165,10 +154,10 @@ pub fn to_rows(
                     }
                 }
                 _ => {
-                    // Q6_K with agreeing pairs: sub-block s's scale is its first 16 values'.
+                    // Q6_K: sub-block s's two 16-value scales, in order.
                     q.scales[j * (k / 256) + b] = f16_at(blk, 208);
-                    for s in 0..8 {
-                        q.subs[j * (k / QSUB) + b * 8 + s] = blk[192 + 2 * s];
+                    for s in 0..16 {
+                        q.subs[2 * (j * (k / QSUB) + b * 8) + s] = blk[192 + s];
                     }
                     for (t, c) in codes.iter_mut().enumerate() {
                         *c = q6_k_code(blk, t);
@@ -214,25 +203,6 @@ fn q6_k_code(blk: &[u8], t: usize) -> u8 {
     let ql = blk[64 * h + 32 * (quarter % 2) + l] >> (4 * (quarter / 2));
     let qh = blk[128 + 32 * h + l] >> (2 * quarter);
     (ql & 0x0f) | ((qh & 3) << 4)
-}
-
-/// Whether every Q6_K block's 16-value scales agree in pairs (values 32s..32s+32 under one scale).
-fn q6k_pairs_agree(data: &[u8]) -> bool {
-    data.chunks_exact(210)
-        .all(|b| (0..8).all(|s| b[192 + 2 * s] == b[193 + 2 * s]))
-}
-
-/// A Q6_K matrix's values as ggml dequantizes them: (d * sc) * (code - 32), exact in f32.
-fn q6_k_values(data: &[u8], n: usize, k: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; n * k];
-    for (blk, o) in data.chunks_exact(210).zip(out.chunks_exact_mut(256)) {
-        let d = f16_at(blk, 208);
-        for (t, v) in o.iter_mut().enumerate() {
-            let sc = blk[192 + t / 16] as i8 as f32;
-            *v = d * sc * (q6_k_code(blk, t) as f32 - 32.0);
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -291,6 +261,40 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Random Q6_K blocks whose 16-value scales all differ: every value ggml's (d * sc) * (q - 32), through
+    /// the packed Q6K16 form and back, on k = 512 (two blocks per row).
+    #[test]
+    fn q6_k_blocks_keep_their_values_with_a_scale_per_16() {
+        let (n, k) = (21, 512);
+        let mut seed = 5u64;
+        let mut byte = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 56) as u8
+        };
+        let mut data: Vec<u8> = (0..n * k / 256 * 210).map(|_| byte()).collect();
+        for blk in data.chunks_exact_mut(210) {
+            blk[208..210].copy_from_slice(&crate::quant::f32_to_f16(0.003).to_le_bytes());
+        }
+        let want: Vec<f32> = data
+            .chunks_exact(210)
+            .flat_map(|blk| {
+                let d = f16_at(blk, 208);
+                (0..256).map(move |t| {
+                    d * blk[192 + t / 16] as i8 as f32 * (q6_k_code(blk, t) as f32 - 32.0)
+                })
+            })
+            .collect();
+        let (q, exact) = to_rows(Q6_K, &data, n, k, None).unwrap();
+        assert!(exact && q.format == Format::Q6K16);
+        let back = QuantWeight::pack(&q).unpack();
+        assert!(back.dequantize() == want, "values changed");
+        let mut row = vec![0.0f32; k];
+        QuantWeight::pack(&q).row_f32(7, &mut row);
+        assert!(row[..] == want[7 * k..8 * k], "row_f32");
     }
 
     #[test]

@@ -16,15 +16,22 @@ pub fn code_range(f: Format) -> (u8, u8) {
     match f {
         Format::Q8 | Format::Q80 => (1, 255),
         Format::Q4 | Format::Q4K => (0, 15),
-        Format::Q6K => (0, 63),
+        Format::Q6K | Format::Q6K16 => (0, 63),
         Format::Q40 => (0, 15),
         Format::Q50 => (0, 31),
     }
 }
 
-/// Each (row, 32-value sub-block)'s step and offset, row-major `[n, k / 32]` each.
-pub fn grid(q: &QuantRows) -> (Vec<f32>, Vec<f32>) {
+/// Each (row, 32-value sub-block)'s step and offset, row-major `[n, k / 32]` each. Q6K16's scale changes
+/// within a sub-block: refused.
+pub fn grid(q: &QuantRows) -> Result<(Vec<f32>, Vec<f32>), String> {
     let (n, k, f) = (q.n, q.k, q.format);
+    if f == Format::Q6K16 {
+        return Err(
+            "q6_k has a scale per 16 values, and GPTQ fits a grid per 32: use q6k (a scale per 32)"
+                .into(),
+        );
+    }
     let nsub = k / QSUB;
     let (mut step, mut offset) = (vec![0.0f32; n * nsub], vec![0.0f32; n * nsub]);
     let nb = k.div_ceil(f.block());
@@ -45,7 +52,7 @@ pub fn grid(q: &QuantRows) -> (Vec<f32>, Vec<f32>) {
                     let (sc, mc) = (q.subs[(j * nsub + s) * 2], q.subs[(j * nsub + s) * 2 + 1]);
                     (q.scales[b] * sc as f32, -(q.mins[b] * mc as f32))
                 }
-                Format::Q6K => {
+                Format::Q6K | Format::Q6K16 => {
                     let b = j * k.div_ceil(SUPER) + s * QSUB / SUPER;
                     let st = q.scales[b] * q.subs[j * nsub + s] as i8 as f32;
                     (st, -32.0 * st)
@@ -55,7 +62,7 @@ pub fn grid(q: &QuantRows) -> (Vec<f32>, Vec<f32>) {
             offset[j * nsub + s] = off;
         }
     }
-    (step, offset)
+    Ok((step, offset))
 }
 
 impl QuantRows {
@@ -109,7 +116,11 @@ mod tests {
                 threads: 1,
             };
             let q = quantize(&w, n, k, &opt).unwrap();
-            let (step, offset) = grid(&q);
+            if f == Format::Q6K16 {
+                assert!(grid(&q).unwrap_err().contains("use q6k"));
+                continue;
+            }
+            let (step, offset) = grid(&q).unwrap();
             let deq = q.dequantize();
             let (lo, hi) = code_range(f);
             for (i, &v) in deq.iter().enumerate() {

@@ -21,6 +21,8 @@
 //! - Q6K: 16 f16 d; `16 t` i8 scales; then per sub-block 256 bytes of the low 4 bits in Q4's layout
 //!   and 128 bytes of the high 2 bits: code vector v = 2g + h (group g, nibble h) keeps its bits in
 //!   byte `(v / 4) * 64 + 4 r + u`, bits `2 (v % 4)`.
+//! - Q6K16: 16 f16 d; per sub-block 16 i8 first-half scales then 16 second-half ones (`32 t` bytes); then
+//!   the codes as Q6K's.
 
 use super::{f16_to_f32, f32_to_f16, Format, QuantRows, QPANEL, QSUB};
 
@@ -34,6 +36,7 @@ pub(crate) const fn super_bytes(f: Format, t: usize) -> usize {
     match f {
         Format::Q4K => 64 + 16 * t + 16 * t.div_ceil(2) + 256 * t,
         Format::Q6K => 32 + 16 * t + 384 * t,
+        Format::Q6K16 => 32 + 32 * t + 384 * t,
         _ => 0,
     }
 }
@@ -90,14 +93,16 @@ impl Layout {
     pub const fn codes_at(f: Format, t: usize, j: usize) -> usize {
         match f {
             Format::Q4K => 64 + 16 * t + 16 * t.div_ceil(2) + 256 * j,
+            Format::Q6K16 => 32 + 32 * t + 384 * j,
             _ => 32 + 16 * t + 384 * j,
         }
     }
 }
 
-/// The sub-block scales of a reference form: Q4K keeps (sc, mc) pairs, Q6K one i8 (as u8) each.
+/// The sub-block scales of a reference form: Q4K keeps (sc, mc) pairs, Q6K one i8 (as u8) each, Q6K16
+/// two (its halves').
 pub(crate) fn subs_per_block(f: Format) -> usize {
-    if f == Format::Q4K {
+    if matches!(f, Format::Q4K | Format::Q6K16) {
         2
     } else {
         1
@@ -113,6 +118,10 @@ pub(crate) fn value(q: &QuantRows, j: usize, kk: usize) -> f32 {
         Format::Q4K => {
             let (sc, mc) = (q.subs[(j * nsub + s) * 2], q.subs[(j * nsub + s) * 2 + 1]);
             (q.scales[j * nsb + b] * sc as f32) * c - q.mins[j * nsb + b] * mc as f32
+        }
+        Format::Q6K16 => {
+            let sc = q.subs[(j * nsub + s) * 2 + (kk % QSUB) / 16] as i8;
+            (q.scales[j * nsb + b] * sc as f32) * (c - 32.0)
         }
         _ => (q.scales[j * nsb + b] * q.subs[j * nsub + s] as i8 as f32) * (c - 32.0),
     }
@@ -149,6 +158,10 @@ pub(crate) fn pack(q: &QuantRows) -> Vec<u8> {
                             let hi = ((sc >> 4) & 3) | (((mc >> 4) & 3) << 2);
                             blk[64 + 16 * t + 16 * (s / 2) + r] |= hi << (4 * (s % 2));
                         }
+                        Format::Q6K16 => {
+                            blk[32 + 32 * s + r] = q.subs[sub * 2];
+                            blk[48 + 32 * s + r] = q.subs[sub * 2 + 1];
+                        }
                         _ => blk[32 + 16 * s + r] = q.subs[sub],
                     }
                     let at = lay.codes(t, s);
@@ -157,7 +170,7 @@ pub(crate) fn pack(q: &QuantRows) -> Vec<u8> {
                         for u in 0..4 {
                             let (c0, c1) = (code(g * 8 + u), code(g * 8 + 4 + u));
                             blk[at + g * 64 + r * 4 + u] = (c0 & 15) | ((c1 & 15) << 4);
-                            if f == Format::Q6K {
+                            if f.is_q6() {
                                 for (h, c) in [(0, c0), (1, c1)] {
                                     let v = 2 * g + h;
                                     blk[at + 256 + (v / 4) * 64 + r * 4 + u] |=
@@ -173,11 +186,15 @@ pub(crate) fn pack(q: &QuantRows) -> Vec<u8> {
     data
 }
 
-/// Row r's (d * sc, dmin * mc) of sub-block s in a packed super-block of t sub-blocks (Q6K: dm = 0).
+/// Row r's (d * sc, dmin * mc) of sub-block s in a packed super-block of t sub-blocks (Q6K: dm = 0;
+/// Q6K16: its two halves' d * sc_a, d * sc_b).
 #[inline]
 pub(crate) fn sub_scales(f: Format, blk: &[u8], t: usize, s: usize, r: usize) -> (f32, f32) {
     let (d, dmin) = heads(f, blk, r);
     let (sc, mc) = sub_ints(f, blk, t, s, r);
+    if f == Format::Q6K16 {
+        return (d * sc as f32, d * mc as f32);
+    }
     (d * sc as f32, dmin * mc as f32)
 }
 
@@ -191,8 +208,8 @@ pub(crate) fn heads(f: Format, blk: &[u8], r: usize) -> (f32, f32) {
     }
 }
 
-/// Row r's integer sub-block scale and min (Q4K: sc, mc in 0..=63; Q6K: the i8 scale and 0) of sub-block
-/// s in a packed super-block of t sub-blocks.
+/// Row r's integer sub-block scale and min (Q4K: sc, mc in 0..=63; Q6K: the i8 scale and 0; Q6K16: the
+/// halves' i8 scales) of sub-block s in a packed super-block of t sub-blocks.
 #[inline]
 pub(crate) fn sub_ints(f: Format, blk: &[u8], t: usize, s: usize, r: usize) -> (i32, i32) {
     match f {
@@ -203,6 +220,10 @@ pub(crate) fn sub_ints(f: Format, blk: &[u8], t: usize, s: usize, r: usize) -> (
             let mc = (lo >> 4) | (((hi >> 2) & 3) << 4);
             (sc as i32, mc as i32)
         }
+        Format::Q6K16 => (
+            blk[32 + 32 * s + r] as i8 as i32,
+            blk[48 + 32 * s + r] as i8 as i32,
+        ),
         _ => (blk[32 + 16 * s + r] as i8 as i32, 0),
     }
 }
@@ -213,7 +234,7 @@ pub(crate) fn code(f: Format, blk: &[u8], t: usize, s: usize, r: usize, kk: usiz
     let at = Layout::codes_at(f, t, s);
     let (g, hh, u) = (kk / 8, (kk % 8) / 4, kk % 4);
     let mut c = (blk[at + g * 64 + r * 4 + u] >> (4 * hh)) & 15;
-    if f == Format::Q6K {
+    if f.is_q6() {
         let v = 2 * g + hh;
         c |= ((blk[at + 256 + (v / 4) * 64 + r * 4 + u] >> (2 * (v % 4))) & 3) << 4;
     }
@@ -234,6 +255,7 @@ pub(crate) fn row_f32(f: Format, k: usize, data: &[u8], j: usize, out: &mut [f32
                 let c = code(f, blk, t, s, r, kk) as f32;
                 *v = match f {
                     Format::Q4K => ds * c - dm,
+                    Format::Q6K16 if kk >= 16 => dm * (c - 32.0),
                     _ => ds * (c - 32.0),
                 };
             }
@@ -264,6 +286,10 @@ pub(crate) fn unpack(f: Format, n: usize, k: usize, data: &[u8]) -> QuantRows {
                         let hi = blk[64 + 16 * t + 16 * (s / 2) + r] >> (4 * (s % 2));
                         q.subs[sub * 2] = (lo & 15) | ((hi & 3) << 4);
                         q.subs[sub * 2 + 1] = (lo >> 4) | (((hi >> 2) & 3) << 4);
+                    }
+                    Format::Q6K16 => {
+                        q.subs[sub * 2] = blk[32 + 32 * s + r];
+                        q.subs[sub * 2 + 1] = blk[48 + 32 * s + r];
                     }
                     _ => q.subs[sub] = blk[32 + 16 * s + r],
                 }

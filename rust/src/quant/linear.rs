@@ -12,7 +12,7 @@ use std::ops::Range;
 use super::acts::{quantize_activations, quantize_par, ActsOut};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx2_rows, avx512, avxvnni};
-use super::{generic, superblock, Job, QActs, QuantWeight, QPANEL};
+use super::{generic, superblock, Format, Job, QActs, QuantWeight, QPANEL};
 use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel};
 
@@ -23,21 +23,32 @@ type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
 pub(super) type QuantizeFn = unsafe fn(&[f32], ActsOut);
 
 /// A tier's kernels: `panels` over activations from `quantize` (which also writes `QActs::fine` where
-/// `fine`), and the super-block formats' path (`sup`; None: `panels` runs them too, the AVX2 tier's own).
+/// `fine`), and the super-block formats' path (`sup`; None: `panels` runs them too, the AVX2 tier's own),
+/// Q6K16's (`sup16`: the AMX tier's AVX-512 tiles, the AVX2 tier's AVX-VNNI tiles over the emulation).
 pub(super) struct Tier {
     panels: PanelFn,
     pub quantize: QuantizeFn,
     name: &'static str,
     pub fine: bool,
     sup: Option<&'static superblock::Kernels>,
+    sup16: &'static superblock::Kernels,
 }
 
 impl Tier {
+    /// The super-block path's kernels for a format (None: `panels` runs it).
+    fn sup_for(&self, f: Format) -> Option<&'static superblock::Kernels> {
+        match f {
+            Format::Q6K16 => Some(self.sup16),
+            f if f.is_super() => self.sup,
+            _ => None,
+        }
+    }
+
     /// Panels a task's range should be a multiple of: the super-block path's unpacked group, so that no
     /// task ends in a group cut short (its tiles are widest on whole groups).
     fn panel_align(&self, w: &QuantWeight, m: usize) -> usize {
-        match self.sup {
-            Some(k) if w.format.is_super() && m >= k.min_rows => k.panels,
+        match self.sup_for(w.format) {
+            Some(k) if m >= k.min_rows => k.panels,
             _ => 1,
         }
     }
@@ -58,9 +69,9 @@ impl Tier {
     /// The CPU runs the tier; `job` satisfies `quant_linear`'s contract with activations quantized for
     /// its format by this tier; no other thread writes these panels' columns.
     unsafe fn run(&self, job: &Job<'_>, panels: Range<usize>) {
-        match self.sup {
-            Some(k) if job.w.format.is_super() => superblock::run(k, job, panels),
-            _ => (self.panels)(job, panels),
+        match self.sup_for(job.w.format) {
+            Some(k) => superblock::run(k, job, panels),
+            None => (self.panels)(job, panels),
         }
     }
 }
@@ -83,6 +94,7 @@ pub(super) fn tier(isa: Isa) -> Tier {
                 } else {
                     &superblock::avx512::KERNELS
                 }),
+                sup16: &superblock::avx512::KERNELS,
             };
         }
         if isa >= Isa::Avx2 && avx2::usable() {
@@ -99,6 +111,11 @@ pub(super) fn tier(isa: Isa) -> Tier {
                 name: if vnni { "avxvnni" } else { "avx2" },
                 fine: true,
                 sup: vnni.then_some(&avxvnni::real::sup::KERNELS),
+                sup16: if vnni {
+                    &avxvnni::real::sup::KERNELS
+                } else {
+                    &avxvnni::emulated::sup::KERNELS
+                },
             };
         }
     }
@@ -109,6 +126,7 @@ pub(super) fn tier(isa: Isa) -> Tier {
         name: "generic",
         fine: false,
         sup: Some(&superblock::generic::KERNELS),
+        sup16: &superblock::generic::KERNELS,
     }
 }
 
@@ -255,6 +273,7 @@ pub fn quant_linear_vnni_emulated(
             let emulated = Tier {
                 panels: avxvnni::emulated::panels,
                 sup: Some(&avxvnni::emulated::sup::KERNELS),
+                sup16: &avxvnni::emulated::sup::KERNELS,
                 ..tier(Isa::Avx2)
             };
             linear_with(Isa::Avx2, &emulated, par, x, m, w, bias, y);

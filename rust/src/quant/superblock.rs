@@ -7,14 +7,20 @@
 //! min, exact in f32: an f16 times an integer below 2^8):
 //! - Q4K: dot = sum c * q (exact i32), `y = fma(fma(ds, f32(dot), -(dm * sx)), dx, y)`;
 //! - Q6K (codes u = c + 32 stored unsigned): dot = sum u * q, `y = fma(ds, (f32(dot) - 32 sx) * dx, y)`
-//!   (`f32(dot) - 32 sx` exact: integers below 2^24).
+//!   (`f32(dot) - 32 sx` exact: integers below 2^24);
+//! - Q6K16 (Q6K's codes, a scale per 16 values: ds = d * sc_a for the sub-block's first 16, dm = d * sc_b
+//!   for its last 16): dot_a, dot_b the halves' sums, sa the first 16 activation codes' sum and sb = sx -
+//!   sa (exact), `y = fma(ds, (f32(dot_a) - 32 sa) * dx, y)`, then `y = fma(dm, (f32(dot_b) - 32 sb) *
+//!   dx, y)`.
 //!
 //! y starts at zero, takes the sub-blocks in k order, then the bias. Every step is an exact integer sum
 //! or one correctly rounded float operation in a fixed order, so every tier, every tile shape and every
 //! split across threads gives the same bits as the scalar reference (`generic::tile`): a row's result
 //! never depends on the rows beside it (the server's exactness).
 //!
-//! The scalar, AVX-512 VNNI, AVX-VNNI and AMX-INT8 (`amx.rs`: `tdpbsud` per sub-block) tiers run this path. The AVX2 tier keeps its own tiles
+//! The scalar, AVX-512 VNNI, AVX-VNNI and AMX-INT8 (`amx.rs`: `tdpbsud` per sub-block) tiers run this path
+//! (Q6K16: all but AMX, whose CPUs run it on the AVX-512 tiles; the AVX2 tier runs it on the AVX-VNNI
+//! tiles over the exact `vpdpbusd` emulation). The AVX2 tier keeps its own tiles
 //! (`quant/avx2.rs`, `quant/avx2_rows.rs`), whose Q4K order (the integer scale inside the widening
 //! `vpmaddwd`, d once per super-block) measured 10-25 % faster on AVX2 than this contract's.
 //!
@@ -53,7 +59,7 @@ pub(super) mod vnni;
 pub(crate) struct Hdr {
     /// Sub-block s's d * sc per row (sub-blocks past t are zero).
     pub ds: [[f32; QPANEL]; SUBS],
-    /// Sub-block s's dmin * mc per row (Q6K: zero).
+    /// Sub-block s's dmin * mc per row (Q6K: zero; Q6K16: d * sc_b, its second 16 values' scale).
     pub dm: [[f32; QPANEL]; SUBS],
 }
 
@@ -119,6 +125,14 @@ impl Tile<'_> {
         (*a.d.as_ptr().add(at), *a.s.as_ptr().add(at))
     }
 
+    /// Row i0 + r's sum of the first 16 activation codes of sub-block s of super-block b (Q6K16's first
+    /// half), exact in f32.
+    #[inline(always)]
+    pub unsafe fn half_sum(&self, r: usize, b: usize, s: usize) -> f32 {
+        let x = std::slice::from_raw_parts(self.x(r, b).add(s * QSUB), QSUB / 2);
+        x.iter().map(|&c| c as i32).sum::<i32>() as f32
+    }
+
     /// For a tile on packed bytes, before sub-block s of super-block b (of t sub-blocks): prefetches, in
     /// every panel, the bytes one full super-block after this sub-block's codes (and before the first,
     /// after the header): the next super-block's, or past a short last one the next panel's. Decode steps
@@ -158,7 +172,7 @@ pub(crate) struct Kernels {
     pub panels: usize,
 }
 
-/// The job's panels `panels` of a Q4K or Q6K matrix (see the module's contract).
+/// The job's panels `panels` of a Q4K, Q6K or Q6K16 matrix (see the module's contract).
 ///
 /// # Safety
 /// The CPU runs `kernels`' functions; `job` satisfies `quant_linear`'s contract with a Q4K or Q6K matrix
@@ -362,7 +376,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 4.0
         };
-        for f in [Format::Q4K, Format::Q6K] {
+        for f in [Format::Q4K, Format::Q6K, Format::Q6K16] {
             for k in [576usize, 224] {
                 let n = 20;
                 let v: Vec<f32> = (0..n * k).map(|_| rnd()).collect();

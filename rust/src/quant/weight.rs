@@ -13,7 +13,8 @@ use super::{f16_to_f32, f32_to_f16, kblock, Format, QPANEL, QSUB};
 /// as their unsigned codes),
 /// `scales[j * nb + b]`, `mins[j * nb + b]` (Q4 and Q4K; f16-representable, as Q4's scales; Q4K's
 /// min is subtracted), with nb = ceil(k / block); the super-block formats' sub-block scales
-/// `subs[j * k / 32 + s]` (Q6K, an i8 as u8) or `subs[2 (j * k / 32 + s) + {0, 1}]` (Q4K's sc, mc).
+/// `subs[j * k / 32 + s]` (Q6K, an i8 as u8) or `subs[2 (j * k / 32 + s) + {0, 1}]` (Q4K's sc, mc; Q6K16's
+/// two halves' i8 scales).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantRows {
     pub format: Format,

@@ -40,9 +40,22 @@ unsafe fn high_bits(hb: __m512i, v: usize) -> __m512i {
     }
 }
 
+/// The formats a tile is stamped for (its `KIND`).
+const Q4K: u8 = 0;
+const Q6K: u8 = 1;
+const Q6K16: u8 = 2;
+
+const fn format_of(kind: u8) -> Format {
+    match kind {
+        Q4K => Format::Q4K,
+        Q6K => Format::Q6K,
+        _ => Format::Q6K16,
+    }
+}
+
 /// Codes of 4-k group `v` of sub-block `s` (of `t`) of the panel at `src`, 16 rows x 4 whole bytes.
 #[inline(always)]
-unsafe fn codes<const PACKED: bool, const Q6: bool>(
+unsafe fn codes<const PACKED: bool, const KIND: u8>(
     src: *const u8,
     t: usize,
     s: usize,
@@ -51,8 +64,7 @@ unsafe fn codes<const PACKED: bool, const Q6: bool>(
     if !PACKED {
         return _mm512_load_si512(src.add(s * 512 + v * 64).cast());
     }
-    let f = if Q6 { Format::Q6K } else { Format::Q4K };
-    let cp = src.add(Layout::codes_at(f, t, s));
+    let cp = src.add(Layout::codes_at(format_of(KIND), t, s));
     let nib = _mm512_set1_epi8(0x0f);
     let g = _mm512_loadu_si512(cp.add((v / 2) * 64).cast());
     let c = if v.is_multiple_of(2) {
@@ -60,7 +72,7 @@ unsafe fn codes<const PACKED: bool, const Q6: bool>(
     } else {
         _mm512_and_si512(_mm512_srli_epi16::<4>(g), nib)
     };
-    if Q6 {
+    if KIND != Q4K {
         let hb = _mm512_loadu_si512(cp.add(256 + (v / 4) * 64).cast());
         _mm512_or_si512(c, high_bits(hb, v))
     } else {
@@ -69,9 +81,9 @@ unsafe fn codes<const PACKED: bool, const Q6: bool>(
 }
 
 /// Sub-block `s` of the packed super-block at `blk` (of `t`): the 16 rows' `d * sc` and `dmin * mc`
-/// (Q6K: 0), given their d and dmin; exact products, as `kblock::sub_scales`.
+/// (Q6K: 0; Q6K16: its halves' `d * sc`), given their d and dmin; exact products, as `kblock::sub_scales`.
 #[inline(always)]
-unsafe fn packed_scales<const Q6: bool>(
+unsafe fn packed_scales<const KIND: u8>(
     blk: *const u8,
     t: usize,
     s: usize,
@@ -79,9 +91,16 @@ unsafe fn packed_scales<const Q6: bool>(
     dmin: __m512,
 ) -> (__m512, __m512) {
     let f32s = |v: __m512i| _mm512_cvtepi32_ps(v);
-    if Q6 {
-        let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(32 + 16 * s).cast()));
-        (_mm512_mul_ps(d, f32s(sc)), _mm512_setzero_ps())
+    let i8s = |at: usize| {
+        _mm512_mul_ps(
+            d,
+            f32s(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(at).cast()))),
+        )
+    };
+    if KIND == Q6K16 {
+        (i8s(32 + 32 * s), i8s(48 + 32 * s))
+    } else if KIND == Q6K {
+        (i8s(32 + 16 * s), _mm512_setzero_ps())
     } else {
         let (sc, mc) = q4k_scale_bytes(blk, t, s);
         (
@@ -95,7 +114,7 @@ unsafe fn packed_scales<const Q6: bool>(
 /// Packed: the scales from the packed bytes per sub-block; unpacked: from the headers.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
 #[allow(clippy::needless_range_loop)] // y[r][p], acc[r][p] are register tiles indexed by constant bounds
-unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const Q6: bool>(t: &Tile<'_>) {
+unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u8>(t: &Tile<'_>) {
     let mut y = [[_mm512_setzero_ps(); P]; M];
     for r in 0..M {
         for p in 0..P {
@@ -115,7 +134,7 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const Q6: boo
         if PACKED {
             for p in 0..P {
                 dv[p] = _mm512_cvtph_ps(_mm256_loadu_si256(src(p).cast()));
-                if !Q6 {
+                if KIND == Q4K {
                     mv[p] = _mm512_cvtph_ps(_mm256_loadu_si256(src(p).add(32).cast()));
                 }
             }
@@ -126,27 +145,43 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const Q6: boo
             }
             // Two chains per row and panel (even and odd groups of 4 k, the two nibbles of a packed group),
             // as the earlier 8-row tiles: the broadcasts stay memory operands of `vpdpbusd` (with one
-            // chain LLVM hoisted an 8-row tile's 64 broadcasts into registers and spilled them).
+            // chain LLVM hoisted an 8-row tile's 64 broadcasts into registers and spilled them). Q6K16:
+            // the first 16 k's products in one chain, the last 16's in the other (its halves' sums).
             let mut acc = [[_mm512_setzero_si512(); P]; M];
             let mut acc2 = [[_mm512_setzero_si512(); P]; M];
             for g in 0..4 {
                 let mut lo = [_mm512_setzero_si512(); P];
                 let mut hi = [_mm512_setzero_si512(); P];
                 for p in 0..P {
-                    lo[p] = codes::<PACKED, Q6>(src(p), tt, s, 2 * g);
-                    hi[p] = codes::<PACKED, Q6>(src(p), tt, s, 2 * g + 1);
+                    lo[p] = codes::<PACKED, KIND>(src(p), tt, s, 2 * g);
+                    hi[p] = codes::<PACKED, KIND>(src(p), tt, s, 2 * g + 1);
                 }
                 for r in 0..M {
                     let xr = xs[r].add(s * 32 + 8 * g);
                     for p in 0..P {
-                        acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], lo[p], bx(xr));
-                        acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], hi[p], bx(xr.add(4)));
+                        if KIND == Q6K16 && g < 2 {
+                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], lo[p], bx(xr));
+                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], hi[p], bx(xr.add(4)));
+                        } else if KIND == Q6K16 {
+                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], lo[p], bx(xr));
+                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], hi[p], bx(xr.add(4)));
+                        } else {
+                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], lo[p], bx(xr));
+                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], hi[p], bx(xr.add(4)));
+                        }
                     }
+                }
+            }
+            // Q6K16: each row's first-half activation sum, shared by the panels.
+            let mut sa = [0.0f32; M];
+            if KIND == Q6K16 {
+                for (r, v) in sa.iter_mut().enumerate() {
+                    *v = t.half_sum(r, b, s);
                 }
             }
             for p in 0..P {
                 let (ds, dm) = if PACKED {
-                    packed_scales::<Q6>(src(p), tt, s, dv[p], mv[p])
+                    packed_scales::<KIND>(src(p), tt, s, dv[p], mv[p])
                 } else {
                     let h = &*t.hdr.add(p);
                     (
@@ -156,8 +191,18 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const Q6: boo
                 };
                 for r in 0..M {
                     let (dx, sx) = t.scale_sum(r, b, s);
+                    if KIND == Q6K16 {
+                        let half = |acc: __m512i, ds: __m512, sum: f32, y: __m512| {
+                            let c =
+                                _mm512_sub_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(32.0 * sum));
+                            _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y)
+                        };
+                        let ya = half(acc[r][p], ds, sa[r], y[r][p]);
+                        y[r][p] = half(acc2[r][p], dm, sx - sa[r], ya);
+                        continue;
+                    }
                     let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r][p], acc2[r][p]));
-                    y[r][p] = if Q6 {
+                    y[r][p] = if KIND == Q6K {
                         let c = _mm512_sub_ps(dot, _mm512_set1_ps(32.0 * sx));
                         _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y[r][p])
                     } else {
@@ -180,13 +225,13 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const Q6: boo
 /// # Safety
 /// The CPU has the tier (`quant::avx512::usable`); `t` is what the `superblock` driver gives a tile.
 pub(super) unsafe fn tile(t: &Tile<'_>) -> usize {
-    let (left, q6) = (t.left(), t.job.w.format == Format::Q6K);
+    let left = t.left();
     macro_rules! go {
         ($m:literal, $p:literal, $packed:literal) => {{
-            if q6 {
-                rows::<$m, $p, $packed, true>(t)
-            } else {
-                rows::<$m, $p, $packed, false>(t)
+            match t.job.w.format {
+                Format::Q6K => rows::<$m, $p, $packed, Q6K>(t),
+                Format::Q6K16 => rows::<$m, $p, $packed, Q6K16>(t),
+                _ => rows::<$m, $p, $packed, Q4K>(t),
             }
             $m
         }};

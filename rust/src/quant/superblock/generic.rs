@@ -43,16 +43,22 @@ pub(crate) unsafe fn tile(t: &Tile<'_>) -> usize {
                             blk[s * 512 + (kk / 4) * 64 + 4 * j + kk % 4] as i32
                         }
                     };
-                    let dot = (0..QSUB)
-                        .map(|kk| c(kk) * x[s * QSUB + kk] as i32)
-                        .sum::<i32>() as f32;
+                    let dot_of = |ks: std::ops::Range<usize>| {
+                        ks.map(|kk| c(kk) * x[s * QSUB + kk] as i32).sum::<i32>() as f32
+                    };
                     let (ds, dm) = match hd {
                         Some(h) => (h.ds[s][j], h.dm[s][j]),
                         None => sub_scales(f, blk, tt, s, j),
                     };
                     *yj = match f {
-                        Format::Q4K => ds.mul_add(dot, -(dm * sx)).mul_add(dx, *yj),
-                        _ => ds.mul_add((dot - 32.0 * sx) * dx, *yj),
+                        Format::Q4K => ds.mul_add(dot_of(0..QSUB), -(dm * sx)).mul_add(dx, *yj),
+                        Format::Q6K16 => {
+                            let sa = t.half_sum(r, b, s);
+                            let (da, db) = (dot_of(0..QSUB / 2), dot_of(QSUB / 2..QSUB));
+                            let y = ds.mul_add((da - 32.0 * sa) * dx, *yj);
+                            dm.mul_add((db - 32.0 * (sx - sa)) * dx, y)
+                        }
+                        _ => ds.mul_add((dot_of(0..QSUB) - 32.0 * sx) * dx, *yj),
                     };
                 }
             }

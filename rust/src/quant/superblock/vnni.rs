@@ -31,8 +31,14 @@ macro_rules! vnni_super {
             /// One panel, rows i0..i0 + M, as the AVX-512 tiles on two half-panel vectors.
             #[target_feature(enable = $features)]
             #[allow(clippy::needless_range_loop)] // register tiles indexed by constant bounds
-            unsafe fn rows<const M: usize, const PACKED: bool, const Q6: bool>(t: &Tile<'_>) {
-                let f = if Q6 { Format::Q6K } else { Format::Q4K };
+            unsafe fn rows<const M: usize, const PACKED: bool, const KIND: u8>(t: &Tile<'_>) {
+                // KIND: 0 Q4K, 1 Q6K, 2 Q6K16 (the AVX-512 tiles' stamps).
+                let f = match KIND {
+                    0 => Format::Q4K,
+                    1 => Format::Q6K,
+                    _ => Format::Q6K16,
+                };
+                let q6 = KIND != 0;
                 let mut y = [[_mm256_setzero_ps(); 2]; M];
                 for r in 0..M {
                     for h in 0..2 {
@@ -45,7 +51,7 @@ macro_rules! vnni_super {
                     let (mut dv, mut mv) = (zero, zero);
                     if PACKED {
                         dv = f16x16(src);
-                        if !Q6 {
+                        if !q6 {
                             mv = f16x16(src.add(32));
                         }
                     }
@@ -53,15 +59,25 @@ macro_rules! vnni_super {
                         if PACKED {
                             t.prefetch_next(b, s, tt);
                         }
-                        // Two chains per row and half (even and odd groups), as the AVX-512 tiles.
+                        // Two chains per row and half (even and odd groups), as the AVX-512 tiles; Q6K16's
+                        // first 16 k in one, the last 16 in the other (its halves' sums).
                         let mut acc = [[_mm256_setzero_si256(); 2]; M];
                         let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
                         for v in 0..8 {
-                            let w = group_codes::<PACKED, Q6>(src, tt, s, v);
+                            let w = if q6 {
+                                group_codes::<PACKED, true>(f, src, tt, s, v)
+                            } else {
+                                group_codes::<PACKED, false>(f, src, tt, s, v)
+                            };
                             for r in 0..M {
                                 let xb = bx(t.x(r, b).add(s * 32 + 4 * v));
                                 for h in 0..2 {
-                                    if M < 2 && v % 2 == 1 {
+                                    let second = if KIND == 2 {
+                                        v >= 4
+                                    } else {
+                                        M < 2 && v % 2 == 1
+                                    };
+                                    if second {
                                         acc2[r][h] = $dp(acc2[r][h], w[h], xb);
                                     } else {
                                         acc[r][h] = $dp(acc[r][h], w[h], xb);
@@ -84,6 +100,21 @@ macro_rules! vnni_super {
                         };
                         for r in 0..M {
                             let (dx, sx) = t.scale_sum(r, b, s);
+                            if KIND == 2 {
+                                let sa = t.half_sum(r, b, s);
+                                let half = |acc: __m256i, ds: __m256, sum: f32, y: __m256| {
+                                    let c = _mm256_sub_ps(
+                                        _mm256_cvtepi32_ps(acc),
+                                        _mm256_set1_ps(32.0 * sum),
+                                    );
+                                    _mm256_fmadd_ps(ds, _mm256_mul_ps(c, _mm256_set1_ps(dx)), y)
+                                };
+                                for h in 0..2 {
+                                    let ya = half(acc[r][h], ds[h], sa, y[r][h]);
+                                    y[r][h] = half(acc2[r][h], dm[h], sx - sa, ya);
+                                }
+                                continue;
+                            }
                             for h in 0..2 {
                                 let sum = if M < 2 {
                                     _mm256_add_epi32(acc[r][h], acc2[r][h])
@@ -91,7 +122,7 @@ macro_rules! vnni_super {
                                     acc[r][h]
                                 };
                                 let d = _mm256_cvtepi32_ps(sum);
-                                y[r][h] = if Q6 {
+                                y[r][h] = if q6 {
                                     let c = _mm256_sub_ps(d, _mm256_set1_ps(32.0 * sx));
                                     let cd = _mm256_mul_ps(c, _mm256_set1_ps(dx));
                                     _mm256_fmadd_ps(ds[h], cd, y[r][h])
@@ -116,13 +147,13 @@ macro_rules! vnni_super {
             /// # Safety
             /// The CPU runs `$features`; `t` is what the `superblock` driver gives a tile.
             unsafe fn tile(t: &Tile<'_>) -> usize {
-                let (left, q6) = (t.left(), t.job.w.format == Format::Q6K);
+                let left = t.left();
                 macro_rules! go {
                     ($m:literal, $packed:literal) => {{
-                        if q6 {
-                            rows::<$m, $packed, true>(t)
-                        } else {
-                            rows::<$m, $packed, false>(t)
+                        match t.job.w.format {
+                            Format::Q6K => rows::<$m, $packed, 1>(t),
+                            Format::Q6K16 => rows::<$m, $packed, 2>(t),
+                            _ => rows::<$m, $packed, 0>(t),
                         }
                         $m
                     }};

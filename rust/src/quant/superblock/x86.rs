@@ -41,7 +41,8 @@ pub(crate) unsafe fn header(f: Format, blk: *const u8, t: usize, h: *mut Hdr) {
 }
 
 /// Sub-block `s` (of `t`) of the packed super-block at `blk`, per half panel: `d * sc` and `dmin * mc`
-/// (Q6K: 0) as f32, given the rows' d (`dv`) and dmin (`mv`). Exact products, as `kblock::sub_scales`.
+/// (Q6K: 0; Q6K16: its two halves' `d * sc`) as f32, given the rows' d (`dv`) and dmin (`mv`). Exact
+/// products, as `kblock::sub_scales`.
 #[inline(always)]
 pub(crate) unsafe fn packed_scales(
     f: Format,
@@ -61,10 +62,16 @@ pub(crate) unsafe fn packed_scales(
         let dm1 = _mm256_mul_ps(mv[1], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mc[1])));
         ([ds0, ds1], [dm0, dm1])
     } else {
-        let sc = lo_hi(_mm_loadu_si128(blk.add(32 + 16 * s).cast()));
-        let ds0 = _mm256_mul_ps(dv[0], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc[0])));
-        let ds1 = _mm256_mul_ps(dv[1], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc[1])));
-        ([ds0, ds1], [_mm256_setzero_ps(); 2])
+        // Q6K: one i8 scale per sub-block; Q6K16: the first half's, then the second half's (as dm).
+        let scaled = |at: usize| {
+            let sc = lo_hi(_mm_loadu_si128(blk.add(at).cast()));
+            [0, 1].map(|i| _mm256_mul_ps(dv[i], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc[i]))))
+        };
+        if f == Format::Q6K16 {
+            (scaled(32 + 32 * s), scaled(48 + 32 * s))
+        } else {
+            (scaled(32 + 16 * s), [_mm256_setzero_ps(); 2])
+        }
     }
 }
 
@@ -80,7 +87,7 @@ pub(crate) unsafe fn codes(f: Format, blk: *const u8, t: usize, out: *mut u8) {
         let cp = blk.add(Layout::codes_at(f, t, s));
         for g in 0..4 {
             // [half panel][nibble]: nibble h of group g is 4-k group v = 2g + h.
-            let c = if f == Format::Q6K {
+            let c = if f.is_q6() {
                 q6k_codes(cp, g)
             } else {
                 q4_codes(cp.add(g * 64))
@@ -99,6 +106,7 @@ pub(crate) unsafe fn codes(f: Format, blk: *const u8, t: usize, out: *mut u8) {
 /// whole bytes: from the unpacked layout, or split from the packed nibbles (and Q6K's high bits).
 #[inline(always)]
 pub(crate) unsafe fn group_codes<const PACKED: bool, const Q6: bool>(
+    f: Format,
     src: *const u8,
     t: usize,
     s: usize,
@@ -111,7 +119,6 @@ pub(crate) unsafe fn group_codes<const PACKED: bool, const Q6: bool>(
             _mm256_load_si256(at.add(32).cast()),
         ];
     }
-    let f = if Q6 { Format::Q6K } else { Format::Q4K };
     let cp = src.add(Layout::codes_at(f, t, s));
     [packed_half::<Q6>(cp, v, 0), packed_half::<Q6>(cp, v, 32)]
 }
