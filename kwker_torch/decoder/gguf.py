@@ -9,13 +9,13 @@ What each GGUF type becomes (``rust/src/quant/gguf.rs`` states the exactness con
   file's own bits per weight: 8.5, 5.5, 4.5), Q4_1 -> ``q4``, Q4_K -> ``q4k``: every value the file's, bit for
   bit; parts of one fused matrix in Q4_0 / Q5_0 / Q8_0 stack in the widest of their formats, exactly (a Q4_0
   q beside Q5_0 k and v: ``q5_0``; beside a Q8_0 part: ``q8_0``);
-- Q6_K -> ``q6k`` where each 32 values' two scales agree, else ``q8_0`` from its exact values (within half a
-  step of 1/127 of each 32 values' largest);
+- Q6_K -> ``q6_k`` (6-bit codes, an i8 scale per 16 values under an f16 one per 256: 6.5625 bits, as the file);
 - F32 / F16 / BF16 -> kept as float (F16 widened exactly to f32; bf16-valued f32 stored as bf16);
 - any other type (Q5_1, Q2_K, Q3_K, Q5_K, IQ*, ...) is dequantized by the ``gguf`` package and quantized into
   the nearest format here by bits (q4k up to 4.5 bits, q6k up to 6.6, else q8_0), with one warning naming them;
 - a fused projection whose parts come in types of different formats (a Q4_K_M file's q/k in Q4_K beside v in
-  Q6_K) is quantized as a whole into the widest of them, named in ``info["gguf"]["converted"]``.
+  Q6_K) is quantized as a whole into the widest of them, named in ``info["gguf"]["converted"]`` (none in the real
+  SmolLM2 and Gemma 3 files: Gemma's Q5_0 q/k beside a Q8_0 v stack exactly in ``q8_0``).
 
 The model's config and tokenizer come from the file through transformers (as ``from_pretrained(...,
 gguf_file=)`` reads them); the family mapping (``families/``) is the one ``from_hf`` uses, run on a model
