@@ -25,12 +25,14 @@
 //! the residual, x ~ dx' * (254 q + q2), dx' = dx / 254, error at most dx' / 2 (about 15 bits: the
 //! int8 rounding of activations with outlier channels cost more perplexity than the 8-bit weights).
 //! Within a 32-block the dot product of codes is an exact i32 sum; the block then contributes
-//! `d * (dot * dx')` (Q8), `(d * dot + m * sum(q)) * dx` (Q4) or `d * ((dot - z sum(q)) * dx)` (Q40,
-//! Q50: `dot - z sum(q)` exact in f32, integers below 2^24) to an f32 accumulator, in k order; the
-//! bias last. Tiers differ from the scalar reference only in fused multiply-add rounding, so the result is
-//! a float linear of the dequantized weights and the rounded activations, up to f32 rounding.
+//! `d * (dot * dx')` (Q8, Q80) to an f32 accumulator in k order, or (Q4, Q40, Q50)
+//! `y = fma(fma(d, dot, -(dm * sum(q))), dx, y)` with dm = -m (Q4) or z d (Q40, Q50): the super-block
+//! formats' Q4K form, so that their prompts run on that path (`superblock.rs`, 8 blocks to a super-block)
+//! with the bits of their own tiles; the bias last. Q8's tiers differ from the scalar reference only in
+//! fused multiply-add rounding, so the result is a float linear of the dequantized weights and the rounded
+//! activations, up to f32 rounding; Q4, Q40 and Q50 give the scalar tier's bits in every tier.
 //!
-//! Q4K and Q6K read the same per-32 codes; `superblock.rs` states their contract (a fixed fused-float
+//! Q4K, Q6K and Q6K16 read the same per-32 codes; `superblock.rs` states their contract (a fixed fused-float
 //! epilogue per sub-block), under which every tier, tile and thread split gives the scalar tier's bits.
 //!
 //! This file holds the formats (`Format`) and the module's public names; the parts live in

@@ -88,8 +88,10 @@ fn case(format: Format, m: usize, n: usize, k: usize, bias: bool, rng: &mut Rng)
         b.as_deref(),
         &mut scalar,
     );
+    // The nibble formats (Q4, Q40, Q50) use that contract's fused epilogue on every tier (their prompts run on
+    // the super-block path from its min_rows): the scalar bits everywhere, the AVX2 tiles included.
     let same = |got: &[f32], what: &str| {
-        if format.is_super() && !what.contains("(avx2)") {
+        if format.is_nibbles() || (format.is_super() && !what.contains("(avx2)")) {
             assert_eq!(
                 got,
                 &scalar[..],
@@ -539,7 +541,10 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
         for m in [2, 3, 4, 5, 7, 9, 17, 25, 31] {
             let x = rng.vec(m * k);
             for tier in isa::supported() {
-                let rows_path = format.is_super() && m >= super_min_rows(tier);
+                // The nibble formats take the many-rows path on every tier with the super-block path
+                // (all but AVX2, whose super-block formats run its own rows path).
+                let nibbles = format.is_nibbles() && kernel_name(tier) != "avx2";
+                let rows_path = (format.is_super() || nibbles) && m >= super_min_rows(tier);
                 let mut all = vec![0.0; m * n];
                 let before = super_unpacked_panels_run();
                 quant_linear(tier, &Serial, &x, m, &w, None, &mut all);
@@ -593,7 +598,7 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
             }
             // The AVX-VNNI tier's kernels (its own unpacked-codes tiles from 6 rows) over the exact
             // emulation of vpdpbusd, on any AVX2 CPU.
-            let rows_path = format.is_super() && m >= 6;
+            let rows_path = (format.is_super() || format.is_nibbles()) && m >= 6;
             if isa::Isa::Avx2.is_supported() {
                 let mut all = vec![0.0; m * n];
                 let before = super_unpacked_panels_run();

@@ -297,8 +297,10 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                         add_group::<M, false>(&mut acc, &c, src.xq.add(b * QSUB + g * 8), src.k);
                     }
                 }
+                // d * (c - z) as d * c - z d, the scalar tier's fused form.
+                let dm = dv.map(|d| _mm256_mul_ps(_mm256_set1_ps(z), d));
                 for r in 0..M {
-                    let sx = src.sxs[r * src.nsub + b];
+                    let sx = _mm256_set1_ps(src.sxs[r * src.nsub + b]);
                     let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
                     for s in 0..2 {
                         let sum = if src.f == Format::Q50 {
@@ -306,8 +308,9 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                         } else {
                             _mm256_madd_epi16(acc[r][s], ones)
                         };
-                        let c = _mm256_sub_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(z * sx));
-                        y[r][s] = _mm256_fmadd_ps(dv[s], _mm256_mul_ps(c, dx), y[r][s]);
+                        let dot = _mm256_cvtepi32_ps(sum);
+                        let t = _mm256_fmsub_ps(dv[s], dot, _mm256_mul_ps(dm[s], sx));
+                        y[r][s] = _mm256_fmadd_ps(t, dx, y[r][s]);
                     }
                 }
             }

@@ -10,8 +10,7 @@
 //! are split with a shift and a mask (Q40's too; Q50 ORs in each byte's fifth bit from its bit plane).
 //!
 //! Numerical contract: as the scalar tier, except that each block's contribution is added with a
-//! fused multiply-add (`d * t + y`, and for Q4 also `d * dot + m * sum(q)`; Q40 / Q50
-//! `y = fma(d, (f32(dot) - z sum(q)) * dx, y)`).
+//! fused multiply-add (`d * t + y`); Q4, Q40 and Q50 exactly as the scalar tier (its fused form).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -165,13 +164,14 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                         acc2[r] = _mm512_dpbusd_epi32(acc2[r], hi, bx(xr.add(4)));
                     }
                 }
+                // d * (c - z) as d * c - z d: Q4K's form (`superblock.rs`), the path these prompts take.
                 let z = src.f.zero_point().expect("q4_0 / q5_0") as f32;
+                let dm = _mm512_mul_ps(_mm512_set1_ps(z), dv);
                 for r in 0..M {
-                    let sx = src.sxs[r * src.nsub + b];
+                    let sx = _mm512_set1_ps(src.sxs[r * src.nsub + b]);
                     let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], acc2[r]));
-                    let c = _mm512_sub_ps(dot, _mm512_set1_ps(z * sx));
-                    let cd = _mm512_mul_ps(c, _mm512_set1_ps(src.dxs[r * src.nsub + b]));
-                    y[r] = _mm512_fmadd_ps(dv, cd, y[r]);
+                    let t = _mm512_fmsub_ps(dv, dot, _mm512_mul_ps(dm, sx));
+                    y[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(src.dxs[r * src.nsub + b]), y[r]);
                 }
             }
             _ => {

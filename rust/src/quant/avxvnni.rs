@@ -13,8 +13,8 @@
 //!
 //! Numerical contract: the AVX-512 tier's, block for block (exact i32 sums; Q8 reads the coarse and
 //! residual activation codes and takes the weights' + 128 off with `128 * s_fine`; each block's
-//! contribution is added with fused multiply-adds: `d * t + y`; Q4 `d * dot + m * sum(q)`; Q40 / Q50
-//! `fma(d, (f32(dot) - z sum(q)) * dx, y)`).
+//! contribution is added with fused multiply-adds: `d * t + y`; Q4, Q40 and Q50 as the scalar tier's
+//! fused form).
 
 use std::arch::x86_64::*;
 
@@ -134,13 +134,14 @@ macro_rules! vnni_kernels {
                             }
                         }
                     }
+                    let dm = dv.map(|d| _mm256_mul_ps(_mm256_set1_ps(z as f32), d));
                     for r in 0..M {
-                        let zs = _mm256_set1_ps(z as f32 * src.sxs[r * src.nsub + b]);
+                        let sx = _mm256_set1_ps(src.sxs[r * src.nsub + b]);
                         let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
                         for s in 0..2 {
                             let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[r][s], acc2[r][s]));
-                            let c = _mm256_sub_ps(dot, zs);
-                            y[r][s] = _mm256_fmadd_ps(dv[s], _mm256_mul_ps(c, dx), y[r][s]);
+                            let t = _mm256_fmsub_ps(dv[s], dot, _mm256_mul_ps(dm[s], sx));
+                            y[r][s] = _mm256_fmadd_ps(t, dx, y[r][s]);
                         }
                     }
                 } else {

@@ -1,10 +1,11 @@
 //! Portable scalar tier of `quant_linear` for Q8, Q80, Q4, Q40 and Q50, and the test oracle for the SIMD
 //! tiers (the super-block formats' is `superblock/generic.rs`).
 //!
-//! Numerical contract: exact i32 dot products per 32-block; each block's contribution
-//! `d * ((254 * dot + dot2) * dx')` (Q8, coarse and residual codes), `(d * dot + m * sum(q)) * dx`
-//! (Q4) or `d * ((dot - z * sum(q)) * dx)` (Q40, Q50; the difference exact in f32) is added to the
-//! output in k order with plain multiplies and adds (no fused multiply-add); then the bias.
+//! Numerical contract: exact i32 dot products per 32-block; each block's contribution is added to the
+//! output in k order: Q8 and Q80 `y + d * ((254 * dot + dot2) * dx')` (coarse and residual codes) with
+//! plain multiplies and adds; Q4, Q40 and Q50 `fma(fma(d, dot, -(dm * sum(q))), dx, y)` with dm = -m
+//! (Q4) or z d (Q40, Q50), the super-block path's Q4K form, so that every tier gives these bits and
+//! prompts may run on that path (`superblock.rs`); then the bias.
 
 use std::ops::Range;
 
@@ -59,31 +60,28 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                             dot += c * xq[sb * QSUB + t] as i32;
                             dot2 += c * xq2[sb * QSUB + t] as i32;
                         }
-                        let contrib = match f {
+                        *sum = match f {
                             Format::Q8 | Format::Q80 => {
                                 let d = f.q8_scale(blk, r);
                                 let fine = LO * dot + dot2;
-                                d * (fine as f32 * a.d_fine[i * nsub + sb])
-                            }
-                            Format::Q40 | Format::Q50 => {
-                                let d =
-                                    f16_to_f32(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]));
-                                let z = f.zero_point().expect("q4_0 / q5_0") as f32;
-                                let (dx, sx) = (a.d[i * nsub + sb], a.s[i * nsub + sb]);
-                                d * ((dot as f32 - z * sx) * dx)
+                                *sum + d * (fine as f32 * a.d_fine[i * nsub + sb])
                             }
                             _ => {
-                                let d =
-                                    f16_to_f32(u16::from_le_bytes([blk[2 * r], blk[2 * r + 1]]));
-                                let m = f16_to_f32(u16::from_le_bytes([
-                                    blk[32 + 2 * r],
-                                    blk[33 + 2 * r],
-                                ]));
+                                // Q4's d * c + m and Q40's / Q50's d * (c - z) as d * c - dm (dm = -m or
+                                // z d, exact), in the super-block formats' fused form: the bits of the
+                                // super-block path that runs these formats' prompts (`superblock.rs`).
+                                let h = |at: usize| {
+                                    f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]))
+                                };
+                                let d = h(2 * r);
+                                let dm = match f.zero_point() {
+                                    Some(z) => z as f32 * d,
+                                    None => -h(32 + 2 * r),
+                                };
                                 let (dx, sx) = (a.d[i * nsub + sb], a.s[i * nsub + sb]);
-                                (d * dot as f32 + m * sx) * dx
+                                d.mul_add(dot as f32, -(dm * sx)).mul_add(dx, *sum)
                             }
                         };
-                        *sum += contrib;
                     }
                 }
             }

@@ -37,7 +37,9 @@ pub(crate) const fn super_bytes(f: Format, t: usize) -> usize {
         Format::Q4K => 64 + 16 * t + 16 * t.div_ceil(2) + 256 * t,
         Format::Q6K => 32 + 16 * t + 384 * t,
         Format::Q6K16 => 32 + 32 * t + 384 * t,
-        _ => 0,
+        // The nibble formats' 32-value blocks, t of them in k order: the super-block driver's view.
+        Format::Q4 | Format::Q40 | Format::Q50 => t * f.block_bytes(),
+        Format::Q8 | Format::Q80 => 0,
     }
 }
 
@@ -94,6 +96,7 @@ impl Layout {
         match f {
             Format::Q4K => 64 + 16 * t + 16 * t.div_ceil(2) + 256 * j,
             Format::Q6K16 => 32 + 32 * t + 384 * j,
+            Format::Q4 | Format::Q40 | Format::Q50 => j * f.block_bytes() + f.codes_at(),
             _ => 32 + 16 * t + 384 * j,
         }
     }
@@ -187,9 +190,20 @@ pub(crate) fn pack(q: &QuantRows) -> Vec<u8> {
 }
 
 /// Row r's (d * sc, dmin * mc) of sub-block s in a packed super-block of t sub-blocks (Q6K: dm = 0;
-/// Q6K16: its two halves' d * sc_a, d * sc_b).
+/// Q6K16: its two halves' d * sc_a, d * sc_b; Q4, Q40, Q50: block s's d and the min it subtracts).
 #[inline]
 pub(crate) fn sub_scales(f: Format, blk: &[u8], t: usize, s: usize, r: usize) -> (f32, f32) {
+    if f.is_nibbles() {
+        // Block s of 8 viewed as a super-block's sub-block: Q4's d * c + m as d * c - (-m), Q40's and
+        // Q50's d * (c - z) as d * c - z d (both exact).
+        let h = |at: usize| f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]));
+        let at = s * f.block_bytes();
+        let d = h(at + 2 * r);
+        return match f.zero_point() {
+            Some(z) => (d, z as f32 * d),
+            None => (d, -h(at + 32 + 2 * r)),
+        };
+    }
     let (d, dmin) = heads(f, blk, r);
     let (sc, mc) = sub_ints(f, blk, t, s, r);
     if f == Format::Q6K16 {
@@ -234,6 +248,10 @@ pub(crate) fn code(f: Format, blk: &[u8], t: usize, s: usize, r: usize, kk: usiz
     let at = Layout::codes_at(f, t, s);
     let (g, hh, u) = (kk / 8, (kk % 8) / 4, kk % 4);
     let mut c = (blk[at + g * 64 + r * 4 + u] >> (4 * hh)) & 15;
+    if f == Format::Q50 {
+        let plane = blk[s * f.block_bytes() + f.high_bits_at() + r * 4 + u];
+        c |= ((plane >> (2 * g + hh)) & 1) << 4;
+    }
     if f.is_q6() {
         let v = 2 * g + hh;
         c |= ((blk[at + 256 + (v / 4) * 64 + r * 4 + u] >> (2 * (v % 4))) & 3) << 4;

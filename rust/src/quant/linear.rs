@@ -35,11 +35,14 @@ pub(super) struct Tier {
 }
 
 impl Tier {
-    /// The super-block path's kernels for a format (None: `panels` runs it).
-    fn sup_for(&self, f: Format) -> Option<&'static superblock::Kernels> {
+    /// The super-block path's kernels for a format at m rows (None: `panels` runs it). The nibble
+    /// formats (Q4, Q40, Q50) take it from its `min_rows`, their 32-value blocks eight to a super-block,
+    /// under the same fused epilogue as their own tiles (the same bits whatever the path).
+    fn sup_for(&self, f: Format, m: usize) -> Option<&'static superblock::Kernels> {
         match f {
             Format::Q6K16 => Some(self.sup16),
             f if f.is_super() => self.sup,
+            f if f.is_nibbles() => self.sup.filter(|k| m >= k.min_rows),
             _ => None,
         }
     }
@@ -47,7 +50,7 @@ impl Tier {
     /// Panels a task's range should be a multiple of: the super-block path's unpacked group, so that no
     /// task ends in a group cut short (its tiles are widest on whole groups).
     fn panel_align(&self, w: &QuantWeight, m: usize) -> usize {
-        match self.sup_for(w.format) {
+        match self.sup_for(w.format, m) {
             Some(k) if m >= k.min_rows => k.panels,
             _ => 1,
         }
@@ -69,7 +72,7 @@ impl Tier {
     /// The CPU runs the tier; `job` satisfies `quant_linear`'s contract with activations quantized for
     /// its format by this tier; no other thread writes these panels' columns.
     unsafe fn run(&self, job: &Job<'_>, panels: Range<usize>) {
-        match self.sup_for(job.w.format) {
+        match self.sup_for(job.w.format, job.m) {
             Some(k) => superblock::run(k, job, panels),
             None => (self.panels)(job, panels),
         }

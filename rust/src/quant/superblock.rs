@@ -270,7 +270,7 @@ unsafe fn store_stream(job: &Job<'_>, i: usize, p: usize, sums: *const f32) -> b
         let n = job.w.n;
         let j0 = p * QPANEL;
         let dst = job.y.get().add(i * n + j0);
-        if job.bias.is_some() || j0 + QPANEL > n || !(dst as usize).is_multiple_of(16) {
+        if job.bias.is_some() || j0 + QPANEL > n || !(dst as usize).is_multiple_of(64) {
             return false;
         }
         use std::arch::x86_64::*;

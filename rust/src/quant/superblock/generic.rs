@@ -51,7 +51,10 @@ pub(crate) unsafe fn tile(t: &Tile<'_>) -> usize {
                         None => sub_scales(f, blk, tt, s, j),
                     };
                     *yj = match f {
-                        Format::Q4K => ds.mul_add(dot_of(0..QSUB), -(dm * sx)).mul_add(dx, *yj),
+                        // Q4, Q40, Q50 (their 32-value blocks as sub-blocks) in Q4K's form.
+                        Format::Q4K | Format::Q4 | Format::Q40 | Format::Q50 => {
+                            ds.mul_add(dot_of(0..QSUB), -(dm * sx)).mul_add(dx, *yj)
+                        }
                         Format::Q6K16 => {
                             let sa = t.half_sum(r, b, s);
                             let (da, db) = (dot_of(0..QSUB / 2), dot_of(QSUB / 2..QSUB));

@@ -10,7 +10,9 @@
 use std::arch::x86_64::*;
 
 use super::{Hdr, CODES_BYTES};
-use crate::quant::avx2_unpack::{f16x16, high_bits, q4_codes, q4k_scale_bytes, q6k_codes};
+use crate::quant::avx2_unpack::{
+    f16x16, high_bits, q4_codes, q4k_scale_bytes, q5_codes, q6k_codes,
+};
 use crate::quant::kblock::{Layout, SUBS};
 use crate::quant::Format;
 
@@ -21,6 +23,28 @@ use crate::quant::Format;
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn header(f: Format, blk: *const u8, t: usize, h: *mut Hdr) {
     let o = &mut *h;
+    if f.is_nibbles() {
+        // Block s's d and the min it subtracts (Q4: -m; Q40, Q50: z d), as `kblock::sub_scales`.
+        let bb = f.block_bytes();
+        for s in 0..SUBS {
+            let zero = [_mm256_setzero_ps(); 2];
+            let (ds, dm) = if s >= t {
+                (zero, zero)
+            } else if let Some(z) = f.zero_point() {
+                let d = f16x16(blk.add(s * bb));
+                (d, d.map(|v| _mm256_mul_ps(_mm256_set1_ps(z as f32), v)))
+            } else {
+                let m = f16x16(blk.add(s * bb + 32));
+                let neg = _mm256_set1_ps(-0.0);
+                (f16x16(blk.add(s * bb)), m.map(|v| _mm256_xor_ps(v, neg)))
+            };
+            for i in 0..2 {
+                _mm256_store_ps(o.ds[s].as_mut_ptr().add(8 * i), ds[i]);
+                _mm256_store_ps(o.dm[s].as_mut_ptr().add(8 * i), dm[i]);
+            }
+        }
+        return;
+    }
     let dv = f16x16(blk);
     let mv = if f == Format::Q4K {
         f16x16(blk.add(32))
@@ -85,10 +109,13 @@ pub(crate) unsafe fn codes(f: Format, blk: *const u8, t: usize, out: *mut u8) {
     debug_assert!(t * 512 <= CODES_BYTES);
     for s in 0..t {
         let cp = blk.add(Layout::codes_at(f, t, s));
+        let plane = (f == Format::Q50).then(|| blk.add(s * f.block_bytes() + f.high_bits_at()));
         for g in 0..4 {
             // [half panel][nibble]: nibble h of group g is 4-k group v = 2g + h.
             let c = if f.is_q6() {
                 q6k_codes(cp, g)
+            } else if f.is_nibbles() {
+                q5_codes(cp, plane, g)
             } else {
                 q4_codes(cp.add(g * 64))
             };
