@@ -12,7 +12,7 @@
 //! says `clip_after_norm`: OLMoE).
 
 use super::cache::KvCache;
-use super::ctx::{Model, Segment, Window, MIN_ROW_VALUES};
+use super::ctx::{Lines, Model, Segment, Window, MIN_ROW_VALUES};
 use super::linear::lin;
 use super::norm::norm_rows_in_place;
 use super::ops;
@@ -25,9 +25,9 @@ use crate::par::{rows_mut, Parallel, Serial, SyncPtr};
 
 /// The sub-layer's scratch: q/k/v rows, the attention output before o, a per-sequence buffer.
 pub struct AttnBufs<'a> {
-    pub qkv: &'a mut Vec<f32>,
-    pub attn: &'a mut Vec<f32>,
-    pub tmp: &'a mut Vec<f32>,
+    pub qkv: &'a mut Lines,
+    pub attn: &'a mut Lines,
+    pub tmp: &'a mut Lines,
 }
 
 /// q/k norm of one row's q (`q`, heads * d) and k (`k`, kv_heads * d) in place.

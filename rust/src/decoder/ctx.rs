@@ -11,29 +11,69 @@ use super::weights::Weights;
 /// Values per task below which a prompt's per-row work stays on one thread.
 pub(crate) const MIN_ROW_VALUES: usize = 1 << 14;
 
+/// 16 f32s on one 64-byte cache line.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([f32; 16]);
+
+/// f32 storage that starts on a cache line, read and written as a slice: rows of a width that is a
+/// multiple of 16 then start on lines too, so the prompt linears may stream whole lines of their outputs
+/// past the caches (`quant::superblock`'s stores: on an Intel Xeon 7 % faster than plain stores in cache,
+/// where the same stores on lines cut in two had cost a prompt 30 %).
+#[derive(Default)]
+pub struct Lines {
+    buf: Vec<Line>,
+    len: usize,
+}
+
+impl Lines {
+    /// Grows to `n` values (new ones zero); never shrinks.
+    pub fn grow(&mut self, n: usize) {
+        if n > self.len {
+            self.buf.resize(n.div_ceil(16), Line([0.0; 16]));
+            self.len = n;
+        }
+    }
+}
+
+impl std::ops::Deref for Lines {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `buf` holds at least `len` initialised f32s (Line is 16 of them, repr(C)).
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Lines {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as `deref`, and `&mut self` makes the slice the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast(), self.len) }
+    }
+}
+
 /// Scratch activations for up to `rows` rows, grown on demand and kept between steps.
 #[derive(Default)]
 pub struct Scratch {
     /// The residual stream [rows][hidden].
-    pub x: Vec<f32>,
+    pub x: Lines,
     /// A sub-layer's normed input [rows][hidden].
-    pub h: Vec<f32>,
-    pub qkv: Vec<f32>,
+    pub h: Lines,
+    pub qkv: Lines,
     /// Attention output before o [rows][heads * head_dim].
-    pub attn: Vec<f32>,
+    pub attn: Lines,
     /// The attention sub-layer's output [rows][hidden].
-    pub a: Vec<f32>,
+    pub a: Lines,
     /// The MLP's first projection [rows][up_rows].
-    pub gu: Vec<f32>,
-    pub act: Vec<f32>,
+    pub gu: Lines,
+    pub act: Lines,
     /// The MLP sub-layer's output [rows][hidden].
-    pub f: Vec<f32>,
+    pub f: Lines,
     /// One sequence's attention output, [heads][tokens][head_dim].
-    pub tmp: Vec<f32>,
+    pub tmp: Lines,
     /// Embedding-width rows (token embeddings before proj_in; the lm_head input after proj_out).
-    pub e: Vec<f32>,
+    pub e: Lines,
     /// The rows whose logits are wanted, gathered from `x` ([rows][hidden]).
-    pub fin: Vec<f32>,
+    pub fin: Lines,
     /// A sparse layer's router logits and per-expert rows.
     pub moe: MoeBufs,
     rows: usize,
@@ -44,7 +84,7 @@ impl Scratch {
         if rows <= self.rows {
             return;
         }
-        let grow = |v: &mut Vec<f32>, w: usize| v.resize(rows * w, 0.0);
+        let grow = |v: &mut Lines, w: usize| v.grow(rows * w);
         let h = r.hidden;
         for v in [
             &mut self.x,
@@ -63,16 +103,12 @@ impl Scratch {
             // An expert's rows (at most the window's) or a grouped step's picks (moe::GROUP_PICKS).
             let picks = rows * moe.top_k;
             let expert_rows = rows.max(picks.min(super::moe::GROUP_PICKS));
-            let at_least = |v: &mut Vec<f32>, n: usize| {
-                if v.len() < n {
-                    v.resize(n, 0.0)
-                }
-            };
+            let at_least = |v: &mut Lines, n: usize| v.grow(n);
             at_least(&mut self.gu, expert_rows * r.expert_up_rows());
             at_least(&mut self.act, expert_rows * moe.intermediate);
-            grow(&mut self.moe.logits, moe.experts);
-            grow(&mut self.moe.rows_in, h * moe.top_k);
-            grow(&mut self.moe.rows_out, h * moe.top_k);
+            self.moe.logits.resize(rows * moe.experts, 0.0);
+            self.moe.rows_in.resize(rows * h * moe.top_k, 0.0);
+            self.moe.rows_out.resize(rows * h * moe.top_k, 0.0);
         }
         grow(&mut self.tmp, r.q_width());
         grow(&mut self.e, r.embed_dim.max(h));
