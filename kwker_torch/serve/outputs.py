@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -141,6 +141,8 @@ class Entry:
     response: dict[str, Any]
     messages: list[dict[str, Any]]
     at: float
+    #: The request's own input as Responses items, each with an id (``GET .../input_items``).
+    items: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Kept:
@@ -157,12 +159,13 @@ class Kept:
         while len(self._d) > self.keep:
             self._d.popitem(last=False)
 
-    def put(self, rid: str, response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+    def put(self, rid: str, response: dict[str, Any], messages: list[dict[str, Any]],
+            items: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
         if self.keep < 1:
             return
         now = time.monotonic()
         with self._lock:
-            self._d[rid] = Entry(response, messages, now)
+            self._d[rid] = Entry(response, messages, now, items or [])
             self._d.move_to_end(rid)
             self._expire(now)
 

@@ -1,4 +1,5 @@
-"""OpenAI's Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``, run through the
+"""OpenAI's Responses API: ``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}``, ``GET
+/v1/responses/{id}/input_items``, run through the
 chat endpoint's own machinery (app.py's ``ChatPath``: the chat template, tools.py's tool plan and forced-call
 grammar, reasoning.py, chat.py's reply splitting, the engine) and shaped by outputs.py.
 
@@ -19,7 +20,10 @@ holds and the prompt cache reads only the new tokens (``usage.input_tokens_detai
 are kept unless ``store`` is false, for ``--responses-ttl`` seconds, at most ``--responses-keep`` of them; an
 unknown (or expired) id is a 404. ``stream``: the events of outputs.py between ``response.created`` /
 ``response.in_progress`` and ``response.completed`` (``response.incomplete`` when cut by
-``max_output_tokens``; an ``error`` event and ``response.failed`` when generation fails).
+``max_output_tokens``; an ``error`` event and ``response.failed`` when generation fails). ``GET
+/v1/responses/{id}/input_items`` lists a kept response's own input items (a string input as one user message;
+each item with its id or a new one), paged as OpenAI's list endpoints (``limit``, ``order``, ``after``,
+``before``).
 """
 
 from __future__ import annotations
@@ -155,6 +159,60 @@ def conversation(items: str | list[Any], field: str = "input") -> list[dict[str,
         else:
             raise Bad(f"{where}.type {kind!r} is not supported: expected {ITEMS}", field)
     return msgs
+
+
+#: Id prefixes of input items that come without one (OpenAI's shapes).
+ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(items: str | list[Any]) -> list[dict[str, Any]]:
+    """A request's ``input`` as the items ``GET /v1/responses/{id}/input_items`` lists: a string as one user message,
+    message contents as lists of text parts, each item with an id (its own, or a new one). Call after
+    ``conversation`` has checked the input."""
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    out = []
+    for it in items:
+        kind = it.get("type", "message")
+        item = {"id": it.get("id") or item_id(ITEM_PREFIX[kind]), "type": kind,
+                **{k: v for k, v in it.items() if k not in ("id", "type")}}  # fmt: skip
+        if kind == "message":
+            if isinstance(item.get("content"), str):
+                part = {"type": "input_text", "text": item["content"]}
+                if item.get("role") == "assistant":
+                    part = {"type": "output_text", "text": item["content"], "annotations": []}
+                item["content"] = [part]
+            item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
+def page(items: list[dict[str, Any]], limit: Any, order: Any, after: Any, before: Any) -> dict[str, Any]:
+    """One page of a list endpoint, as OpenAI pages: ``order`` "desc" (the default) newest first, ``after`` /
+    ``before`` item ids, ``limit`` 1-100 (default 20); raises Bad naming the field."""
+    if order not in ("asc", "desc"):
+        raise Bad(f"order must be 'asc' or 'desc', got {order!r}", "order")
+    try:
+        n = int(limit)
+    except (TypeError, ValueError):
+        raise Bad(f"limit must be an integer from 1 to 100, got {limit!r}", "limit") from None
+    if not 1 <= n <= 100:
+        raise Bad(f"limit must be from 1 to 100, got {n}", "limit")
+    seq = items if order == "asc" else items[::-1]
+    ids = [it["id"] for it in seq]
+    lo, hi = 0, len(seq)
+    for name, at, edge in (("after", after, 1), ("before", before, 0)):
+        if at is None:
+            continue
+        if at not in ids:
+            raise Bad(f"{name} must be the id of one of the response's input items; {at!r} is not", name)
+        if edge:
+            lo = ids.index(at) + 1
+        else:
+            hi = ids.index(at)
+    data = seq[lo:hi][:n]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": lo + n < hi}  # fmt: skip
 
 
 def _tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
@@ -311,7 +369,7 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
 
     def keep(body: ResponsesRequest, resp: dict[str, Any], before: list[dict[str, Any]]) -> None:
         if body.store is not False:
-            kept.put(resp["id"], resp, before + conversation(resp["output"], "output"))
+            kept.put(resp["id"], resp, before + conversation(resp["output"], "output"), input_items(body.input))
 
     def missing(rid: str, param: str) -> Exception:
         return path.error(404, f"No response with id {rid!r} is kept on this server (responses are kept "
@@ -399,6 +457,17 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
         if got is None:
             raise missing(response_id, "response_id")
         return got.response
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def items(response_id: str, limit: Any = 20, order: Any = "desc", after: Any = None,
+                    before: Any = None) -> Any:  # fmt: skip
+        got = kept.get(response_id)
+        if got is None:
+            raise missing(response_id, "response_id")
+        try:
+            return page(got.items, limit, order, after, before)
+        except Bad as err:
+            raise path.error(400, str(err), err.param) from err
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str) -> Any:

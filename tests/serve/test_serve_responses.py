@@ -7,7 +7,8 @@ Covered: a reply (the chat endpoint's own, greedy), instructions and message ite
 order and sequence numbers; deltas that join to the final text; ``client.responses.stream``), reasoning items
 (and none with thinking off), function calls and a tool round trip (with ``previous_response_id`` and with the
 whole list sent back), forced ``tool_choice``, a reply cut by ``max_output_tokens``, ``previous_response_id``
-reading only the new tokens through the prompt cache, ``store``, GET and DELETE, the 400s / 404s, and a
+reading only the new tokens through the prompt cache, ``store``, GET and DELETE, the input items listed and
+paged, the 400s / 404s, and a
 bounded fuzz run (fixed seed) that must find no 5xx and no 4xx without its field.
 """
 
@@ -306,6 +307,40 @@ def test_previous_response_id_reads_only_new_tokens(qwen: Served, client: openai
     assert r3.store is False
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r3.id)
+
+
+def test_input_items_are_listed_and_paged(qwen: Served, client: openai.OpenAI, say: Any) -> None:
+    say("Five.")
+    items = [{"role": "developer", "content": "Be brief."},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+             {"type": "message", "role": "assistant", "content": "Hello."},
+             {"role": "user", "content": ASK}]  # fmt: skip
+    r = client.responses.create(model=MODEL, input=items)  # type: ignore[arg-type]
+    got = list(client.responses.input_items.list(r.id, order="asc"))  # the client pages through them all
+    assert [(i.type, i.role, [c.text for c in i.content]) for i in got] == [  # type: ignore[union-attr]
+        ("message", "developer", ["Be brief."]), ("message", "user", ["Hi"]), ("message", "assistant", ["Hello."]),
+        ("message", "user", [ASK])]  # fmt: skip
+    ids = [i.id for i in got]
+    assert all(i.startswith("msg_") for i in ids) and len(set(ids)) == 4
+    assert [i.id for i in client.responses.input_items.list(r.id).data] == ids[::-1]  # newest first by default
+    first = client.responses.input_items.list(r.id, order="asc", limit=3)
+    assert [i.id for i in first.data] == ids[:3] and first.has_more
+    rest = client.responses.input_items.list(r.id, order="asc", limit=3, after=ids[2])
+    assert [i.id for i in rest.data] == ids[3:] and not rest.has_more
+    url = qwen[0] + f"/v1/responses/{r.id}/input_items"
+    before = httpx.get(f"{url}?order=asc&before={ids[2]}").json()  # (the client no longer sends before=)
+    assert [i["id"] for i in before["data"]] == ids[:2] and not before["has_more"]
+    r2 = client.responses.create(model=MODEL, input="Hi")  # a string: one user message
+    [one] = client.responses.input_items.list(r2.id).data
+    assert (one.type, one.role, one.content[0].type, one.content[0].text) == ("message", "user", "input_text", "Hi")  # type: ignore[union-attr]
+    for query, want, param in (("limit=0", "limit must be from 1 to 100, got 0", "limit"),
+                               ("order=up", "order must be 'asc' or 'desc', got 'up'", "order"),
+                               ("after=msg_x", "after must be the id of one of the response's input items; 'msg_x' "
+                                               "is not", "after")):  # fmt: skip
+        res = httpx.get(f"{url}?{query}")
+        assert res.status_code == 400 and res.json()["error"]["message"] == want, res.text
+        assert res.json()["error"]["param"] == param
+    assert httpx.get(qwen[0] + "/v1/responses/resp_nope/input_items").status_code == 404
 
 
 def test_kept_responses_are_bounded() -> None:
