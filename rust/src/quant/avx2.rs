@@ -279,12 +279,17 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     }
                 }
             }
-            Format::Q40 | Format::Q50 => {
+            _ => {
+                // Q4's d * c + m, Q40's / Q50's d * (c - z) = d * c + (-z d) (exact): one min per row.
                 let dv = f16x16(blk);
+                let mv = match src.f.zero_point() {
+                    Some(z) => dv.map(|d| _mm256_mul_ps(_mm256_set1_ps(-(z as f32)), d)),
+                    None => f16x16(blk.add(32)),
+                };
                 let co = blk.add(src.f.codes_at());
-                let z = src.f.zero_point().expect("q4_0 / q5_0") as f32;
+                let q5 = src.f == Format::Q50;
                 let mut acc = [[_mm256_setzero_si256(); 2]; M];
-                if src.f == Format::Q50 {
+                if q5 {
                     // Codes 0..=31: a group's two nibble products fill an i16, so widen per group.
                     let hb = Some(blk.add(src.f.high_bits_at()));
                     for g in 0..4 {
@@ -297,42 +302,16 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                         add_group::<M, false>(&mut acc, &c, src.xq.add(b * QSUB + g * 8), src.k);
                     }
                 }
-                // d * (c - z) as d * c - z d, the scalar tier's fused form.
-                let dm = dv.map(|d| _mm256_mul_ps(_mm256_set1_ps(z), d));
                 for r in 0..M {
                     let sx = _mm256_set1_ps(src.sxs[r * src.nsub + b]);
                     let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
                     for s in 0..2 {
-                        let sum = if src.f == Format::Q50 {
+                        let sum = if q5 {
                             acc[r][s]
                         } else {
                             _mm256_madd_epi16(acc[r][s], ones)
                         };
                         let dot = _mm256_cvtepi32_ps(sum);
-                        let t = _mm256_fmsub_ps(dv[s], dot, _mm256_mul_ps(dm[s], sx));
-                        y[r][s] = _mm256_fmadd_ps(t, dx, y[r][s]);
-                    }
-                }
-            }
-            _ => {
-                let dv = [
-                    _mm256_cvtph_ps(_mm_loadu_si128(blk.cast())),
-                    _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16).cast())),
-                ];
-                let mv = [
-                    _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32).cast())),
-                    _mm256_cvtph_ps(_mm_loadu_si128(blk.add(48).cast())),
-                ];
-                let mut acc = [[_mm256_setzero_si256(); 2]; M];
-                for g in 0..4 {
-                    let c = q4_codes(blk.add(64 + g * 64));
-                    add_group::<M, false>(&mut acc, &c, src.xq.add(b * QSUB + g * 8), src.k);
-                }
-                for r in 0..M {
-                    let sx = _mm256_set1_ps(src.sxs[r * src.nsub + b]);
-                    let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
-                    for s in 0..2 {
-                        let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(acc[r][s], ones));
                         let t = _mm256_fmadd_ps(dv[s], dot, _mm256_mul_ps(mv[s], sx));
                         y[r][s] = _mm256_fmadd_ps(t, dx, y[r][s]);
                     }

@@ -140,14 +140,21 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                     }
                 }
             }
-            Format::Q40 | Format::Q50 => {
+            _ => {
+                // Q4's d * c + m, Q40's / Q50's d * (c - z) = d * c + (-z d) (exact): one min per row.
                 let dv = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
+                let mv = match src.f.zero_point() {
+                    Some(z) => _mm512_mul_ps(_mm512_set1_ps(-(z as f32)), dv),
+                    None => _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast())),
+                };
                 let (co, q5) = (src.f.codes_at(), src.f == Format::Q50);
                 let hb = if q5 {
                     _mm512_loadu_si512(blk.add(src.f.high_bits_at()).cast())
                 } else {
                     _mm512_setzero_si512()
                 };
+                // Two i32 chains per row (low and high nibbles): the block's 8 dot products are
+                // then 4 deep, not 8; the sums are exact integers either way.
                 let mut acc = [_mm512_setzero_si512(); M];
                 let mut acc2 = [_mm512_setzero_si512(); M];
                 for g in 0..4 {
@@ -164,37 +171,10 @@ unsafe fn tile<const M: usize>(job: &Job<'_>, p: usize, i0: usize) {
                         acc2[r] = _mm512_dpbusd_epi32(acc2[r], hi, bx(xr.add(4)));
                     }
                 }
-                // d * (c - z) as d * c - z d: Q4K's form (`superblock.rs`), the path these prompts take.
-                let z = src.f.zero_point().expect("q4_0 / q5_0") as f32;
-                let dm = _mm512_mul_ps(_mm512_set1_ps(z), dv);
                 for r in 0..M {
                     let sx = _mm512_set1_ps(src.sxs[r * src.nsub + b]);
                     let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], acc2[r]));
-                    let t = _mm512_fmsub_ps(dv, dot, _mm512_mul_ps(dm, sx));
-                    y[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(src.dxs[r * src.nsub + b]), y[r]);
-                }
-            }
-            _ => {
-                let dv = _mm512_cvtph_ps(_mm256_loadu_si256(blk.cast()));
-                let mv = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32).cast()));
-                // Two i32 chains per row (low and high nibbles): the block's 8 dot products are
-                // then 4 deep, not 8; the sums are exact integers either way.
-                let mut acc = [_mm512_setzero_si512(); M];
-                let mut acc2 = [_mm512_setzero_si512(); M];
-                for g in 0..4 {
-                    let wv = _mm512_loadu_si512(blk.add(64 + g * 64).cast());
-                    let lo = _mm512_and_si512(wv, nib);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(wv), nib);
-                    for r in 0..M {
-                        let xr = src.xq.add(r * src.k + b * QSUB + g * 8);
-                        acc[r] = _mm512_dpbusd_epi32(acc[r], lo, bx(xr));
-                        acc2[r] = _mm512_dpbusd_epi32(acc2[r], hi, bx(xr.add(4)));
-                    }
-                }
-                for r in 0..M {
-                    let sx = _mm512_set1_ps(src.sxs[r * src.nsub + b]);
-                    let dot = _mm512_add_epi32(acc[r], acc2[r]);
-                    let t = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(dot), _mm512_mul_ps(mv, sx));
+                    let t = _mm512_fmadd_ps(dv, dot, _mm512_mul_ps(mv, sx));
                     y[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(src.dxs[r * src.nsub + b]), y[r]);
                 }
             }

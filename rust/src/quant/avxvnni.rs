@@ -108,10 +108,15 @@ macro_rules! vnni_kernels {
                             }
                         }
                     }
-                } else if let Some(z) = src.f.zero_point() {
-                    // Q40 / Q50: Q4's nibbles (Q50's fifth bits ORed in), then d * ((dot - z sx) * dx).
+                } else {
+                    // Q4's d * c + m, Q40's / Q50's d * (c - z) = d * c + (-z d) (exact): one min per row.
                     let dv = f16x16(blk);
+                    let mv = match src.f.zero_point() {
+                        Some(z) => dv.map(|d| _mm256_mul_ps(_mm256_set1_ps(-(z as f32)), d)),
+                        None => f16x16(blk.add(32)),
+                    };
                     let (co, q5) = (src.f.codes_at(), src.f == Format::Q50);
+                    // Two i32 chains per row (low and high nibbles), as the AVX-512 tier.
                     let mut acc = [[_mm256_setzero_si256(); 2]; M];
                     let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
                     for g in 0..4 {
@@ -125,34 +130,6 @@ macro_rules! vnni_kernels {
                                 hi[s] = _mm256_or_si256(hi[s], fifth_bits(hb[s], 2 * g + 1));
                             }
                         }
-                        for r in 0..M {
-                            let xr = src.xq.add(r * src.k + b * QSUB + g * 8);
-                            let (xa, xb) = (bx(xr), bx(xr.add(4)));
-                            for s in 0..2 {
-                                acc[r][s] = $dp(acc[r][s], lo[s], xa);
-                                acc2[r][s] = $dp(acc2[r][s], hi[s], xb);
-                            }
-                        }
-                    }
-                    let dm = dv.map(|d| _mm256_mul_ps(_mm256_set1_ps(z as f32), d));
-                    for r in 0..M {
-                        let sx = _mm256_set1_ps(src.sxs[r * src.nsub + b]);
-                        let dx = _mm256_set1_ps(src.dxs[r * src.nsub + b]);
-                        for s in 0..2 {
-                            let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(acc[r][s], acc2[r][s]));
-                            let t = _mm256_fmsub_ps(dv[s], dot, _mm256_mul_ps(dm[s], sx));
-                            y[r][s] = _mm256_fmadd_ps(t, dx, y[r][s]);
-                        }
-                    }
-                } else {
-                    let (dv, mv) = (f16x16(blk), f16x16(blk.add(32)));
-                    // Two i32 chains per row (low and high nibbles), as the AVX-512 tier.
-                    let mut acc = [[_mm256_setzero_si256(); 2]; M];
-                    let mut acc2 = [[_mm256_setzero_si256(); 2]; M];
-                    for g in 0..4 {
-                        let v = halves(blk.add(64 + g * 64));
-                        let lo = v.map(|v| _mm256_and_si256(v, nib));
-                        let hi = v.map(|v| _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib));
                         for r in 0..M {
                             let xr = src.xq.add(r * src.k + b * QSUB + g * 8);
                             let (xa, xb) = (bx(xr), bx(xr.add(4)));

@@ -210,6 +210,18 @@ mod tests {
     use super::*;
     use crate::quant::QuantWeight;
 
+    /// `n` pseudo-random bytes (a linear congruential generator's top bits).
+    fn random_bytes(mut seed: u64, n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (seed >> 56) as u8
+            })
+            .collect()
+    }
+
     #[test]
     fn parts_stack_in_the_widest_format_that_holds_them_all() {
         assert_eq!(stack_format(&[Q4_0]), Some(Format::Q40));
@@ -228,19 +240,12 @@ mod tests {
     #[test]
     fn q4_0_and_q5_0_blocks_keep_their_values_in_every_format_that_holds_them() {
         let (n, k) = (19, 96);
-        let mut seed = 3u64;
-        let mut byte = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 56) as u8
-        };
         for (ty, intos) in [
             (Q4_0, vec![Format::Q40, Format::Q50, Format::Q80]),
             (Q5_0, vec![Format::Q50, Format::Q80]),
         ] {
             let (_, bb) = block_shape(ty).unwrap();
-            let mut data: Vec<u8> = (0..n * k / 32 * bb).map(|_| byte()).collect();
+            let mut data = random_bytes(3, n * k / 32 * bb);
             for blk in data.chunks_exact_mut(bb) {
                 blk[..2].copy_from_slice(&crate::quant::f32_to_f16(0.01).to_le_bytes());
             }
@@ -268,14 +273,7 @@ mod tests {
     #[test]
     fn q6_k_blocks_keep_their_values_with_a_scale_per_16() {
         let (n, k) = (21, 512);
-        let mut seed = 5u64;
-        let mut byte = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 56) as u8
-        };
-        let mut data: Vec<u8> = (0..n * k / 256 * 210).map(|_| byte()).collect();
+        let mut data = random_bytes(5, n * k / 256 * 210);
         for blk in data.chunks_exact_mut(210) {
             blk[208..210].copy_from_slice(&crate::quant::f32_to_f16(0.003).to_le_bytes());
         }
