@@ -1,6 +1,7 @@
-//! The super-block formats' linear (Q4K, Q6K; layout in `kblock`) over activations quantized per 32
+//! The super-block formats' linear (Q4K, Q6K, Q6K16; layout in `kblock`) over activations quantized per 32
 //! values (`quantize_block`): one driver (`run`) for every tier; a tier brings its header unpacking, its
-//! code unpacking and its row tiles (`Kernels`).
+//! code unpacking and its row tiles (`Kernels`). The nibble formats' prompts (Q4, Q40, Q50) run here too,
+//! their 32-value blocks eight to a super-block, in Q4K's form (`ds` = d, `dm` = -m or z d).
 //!
 //! Numerical contract, for activation row i, output j and sub-block s (dx, sx the activations' scale
 //! and code sum there, q their codes; ds = d * sc and dm = dmin * mc the weights' sub-block scale and
@@ -376,7 +377,14 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 4.0
         };
-        for f in [Format::Q4K, Format::Q6K, Format::Q6K16] {
+        for f in [
+            Format::Q4K,
+            Format::Q6K,
+            Format::Q6K16,
+            Format::Q4,
+            Format::Q40,
+            Format::Q50,
+        ] {
             for k in [576usize, 224] {
                 let n = 20;
                 let v: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
