@@ -9,7 +9,7 @@
 
 use std::ops::Range;
 
-use super::{f16_to_f32, quantize_block, store, ActsOut, Format, Job, LO, QPANEL, QSUB};
+use super::{kblock, quantize_block, store, ActsOut, Format, Job, LO, QPANEL, QSUB};
 
 /// # Safety
 /// `out` holds x's blocks (`quantize_activations`) and no other thread writes them.
@@ -45,17 +45,8 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                                 Format::Q8 | Format::Q80 => {
                                     blk[f.codes_at() + (kk / 4) * 64 + r * 4 + kk % 4] as i32 - 128
                                 }
-                                _ => {
-                                    let (g, hi, u) = (kk / 8, (kk % 8) / 4, kk % 4);
-                                    let byte = blk[f.codes_at() + g * 64 + r * 4 + u];
-                                    let lo = ((byte >> (4 * hi)) & 0x0f) as i32;
-                                    if f == Format::Q50 {
-                                        let plane = blk[f.high_bits_at() + r * 4 + u];
-                                        lo | ((((plane >> (2 * g + hi)) & 1) as i32) << 4)
-                                    } else {
-                                        lo
-                                    }
-                                }
+                                // A nibble format's block: the super-block reader's sub-block 0 of 1.
+                                _ => kblock::code(f, blk, 1, 0, r, kk) as i32,
                             };
                             dot += c * xq[sb * QSUB + t] as i32;
                             dot2 += c * xq2[sb * QSUB + t] as i32;
@@ -70,14 +61,7 @@ pub unsafe fn panels(job: &Job<'_>, panels: Range<usize>) {
                                 // Q4's d * c + m and Q40's / Q50's d * (c - z) as d * c - dm (dm = -m or
                                 // z d, exact), in the super-block formats' fused form: the bits of the
                                 // super-block path that runs these formats' prompts (`superblock.rs`).
-                                let h = |at: usize| {
-                                    f16_to_f32(u16::from_le_bytes([blk[at], blk[at + 1]]))
-                                };
-                                let d = h(2 * r);
-                                let dm = match f.zero_point() {
-                                    Some(z) => z as f32 * d,
-                                    None => -h(32 + 2 * r),
-                                };
+                                let (d, dm) = kblock::sub_scales(f, blk, 1, 0, r);
                                 let (dx, sx) = (a.d[i * nsub + sb], a.s[i * nsub + sb]);
                                 d.mul_add(dot as f32, -(dm * sx)).mul_add(dx, *sum)
                             }

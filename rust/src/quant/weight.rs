@@ -258,16 +258,8 @@ impl QuantWeight {
         let (blk, r, t) = (self.block_of(j, kk / bs), j % QPANEL, kk % bs);
         match self.format {
             Format::Q8 | Format::Q80 => blk[self.format.codes_at() + (t / 4) * 64 + r * 4 + t % 4],
-            f => {
-                let (g, h, u) = (t / 8, (t % 8) / 4, t % 4);
-                let lo = (blk[f.codes_at() + g * 64 + r * 4 + u] >> (4 * h)) & 0x0f;
-                if f == Format::Q50 {
-                    let bit = (blk[f.high_bits_at() + r * 4 + u] >> (2 * g + h)) & 1;
-                    lo | (bit << 4)
-                } else {
-                    lo
-                }
-            }
+            // A nibble format's block is the super-block reader's sub-block 0 of 1.
+            f => kblock::code(f, blk, 1, 0, r, t),
         }
     }
 

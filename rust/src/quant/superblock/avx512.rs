@@ -158,16 +158,21 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
                 }
                 for r in 0..M {
                     let xr = xs[r].add(s * 32 + 8 * g);
+                    // Which chain each nibble's products go to (compile-time constants per stamp).
+                    let lo_second = KIND == Q6K16 && g >= 2;
+                    let hi_second = KIND != Q6K16 || g >= 2;
                     for p in 0..P {
-                        if KIND == Q6K16 && g < 2 {
-                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], lo[p], bx(xr));
-                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], hi[p], bx(xr.add(4)));
-                        } else if KIND == Q6K16 {
-                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], lo[p], bx(xr));
-                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], hi[p], bx(xr.add(4)));
+                        let (a, x) = (lo[p], bx(xr));
+                        if lo_second {
+                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], a, x);
                         } else {
-                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], lo[p], bx(xr));
-                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], hi[p], bx(xr.add(4)));
+                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], a, x);
+                        }
+                        let (a, x) = (hi[p], bx(xr.add(4)));
+                        if hi_second {
+                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], a, x);
+                        } else {
+                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], a, x);
                         }
                     }
                 }
