@@ -4,7 +4,7 @@
 //!
 //! Tiles: a decode step's rows (below `min_rows`) read the packed codes, up to 8 rows at a time; from
 //! `min_rows` rows the unpacked codes, 6 rows x 2 panels (12 sums in flight, each activation broadcast
-//! feeding two `vpdpbusd` and each code vector six: 24 accumulators of the 32 registers).
+//! feeding two `vpdpbusd` and each code vector six: 12 accumulators and 12 sums of the 32 registers).
 //! Contract: `superblock.rs`'s, bit for bit.
 
 use std::arch::x86_64::*;
@@ -143,10 +143,12 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
             if PACKED {
                 t.prefetch_next(b, s, tt);
             }
-            // Two chains per row and panel (even and odd groups of 4 k, the two nibbles of a packed group),
-            // as the earlier 8-row tiles: the broadcasts stay memory operands of `vpdpbusd` (with one
-            // chain LLVM hoisted an 8-row tile's 64 broadcasts into registers and spilled them). Q6K16:
-            // the first 16 k's products in one chain, the last 16's in the other (its halves' sums).
+            // Packed: two chains per row and panel (even and odd groups of 4 k, the two nibbles of a packed
+            // group): the broadcasts stay memory operands of `vpdpbusd` (with one chain LLVM hoisted an
+            // 8-row tile's 64 broadcasts into registers and spilled them; m = 16 ran at half the rate).
+            // Unpacked: one chain (12 accumulators and y fit the registers; the second chain's 12 additions
+            // per sub-block cost 5-7 % of the in-cache rate, measured). Q6K16: the first 16 k's products in
+            // one chain, the last 16's in the other (its halves' sums).
             let mut acc = [[_mm512_setzero_si512(); P]; M];
             let mut acc2 = [[_mm512_setzero_si512(); P]; M];
             for g in 0..4 {
@@ -160,7 +162,7 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
                     let xr = xs[r].add(s * 32 + 8 * g);
                     // Which chain each nibble's products go to (compile-time constants per stamp).
                     let lo_second = KIND == Q6K16 && g >= 2;
-                    let hi_second = KIND != Q6K16 || g >= 2;
+                    let hi_second = if KIND == Q6K16 { g >= 2 } else { PACKED };
                     for p in 0..P {
                         let (a, x) = (lo[p], bx(xr));
                         if lo_second {
