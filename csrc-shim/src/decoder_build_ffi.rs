@@ -413,11 +413,12 @@ const GGUF_TYPES: [(&str, u32); 6] = [
 
 /// A matrix from a GGUF file's quantized blocks (`Builder::set_gguf`): `nparts` parts of ggml type
 /// `types[i]` and `rows[i]` rows, their bytes one after another in `data`. Writes the stored format's name
-/// into `format` (16 bytes) and 1 into `exact` when every value is the file's.
+/// into `format` (64 bytes; runs of rows in their own formats: the names joined by `+`) and 1 into `exact`
+/// when every value is the file's.
 ///
 /// # Safety
 /// `b` a live builder; `name` NUL-terminated; `types` and `rows` hold `nparts` values; `data` holds
-/// `len` bytes (null only when 0); `format` writable for 16 bytes, `exact` for one i32.
+/// `len` bytes (null only when 0); `format` writable for 64 bytes, `exact` for one i32.
 #[no_mangle]
 pub unsafe extern "C" fn kwker_decoder_set_gguf(
     b: *mut c_void,
@@ -458,8 +459,14 @@ pub unsafe extern "C" fn kwker_decoder_set_gguf(
         let bytes = unsafe { raw_slice(data, len) };
         let (layer, expert) = (size(layer, "layer")?, size(expert, "expert")?);
         let (f, ex) = bd.set_gguf(name, layer, expert, &parts, size(cols, "cols")?, bytes)?;
-        let fname = f.name().as_bytes();
-        // SAFETY: format is writable for 16 bytes and every format name is shorter; exact is writable.
+        let fname = f.as_bytes();
+        if fname.len() >= 64 {
+            return Err(format!(
+                "{name}: {} runs of formats are too many to name",
+                parts.len()
+            ));
+        }
+        // SAFETY: format is writable for 64 bytes and the name is shorter (checked); exact is writable.
         unsafe {
             std::ptr::copy_nonoverlapping(fname.as_ptr(), format as *mut u8, fname.len());
             *format.add(fname.len()) = 0;

@@ -13,9 +13,11 @@ What each GGUF type becomes (``rust/src/quant/gguf.rs`` states the exactness con
 - F32 / F16 / BF16 -> kept as float (F16 widened exactly to f32; bf16-valued f32 stored as bf16);
 - any other type (Q5_1, Q2_K, Q3_K, Q5_K, IQ*, ...) is dequantized by the ``gguf`` package and quantized into
   the nearest format here by bits (q4k up to 4.5 bits, q6k up to 6.6, else q8_0), with one warning naming them;
-- a fused projection whose parts come in types of different formats (a Q4_K_M file's q/k in Q4_K beside v in
-  Q6_K) is quantized as a whole into the widest of them, named in ``info["gguf"]["converted"]`` (none in the real
-  SmolLM2 and Gemma 3 files: Gemma's Q5_0 q/k beside a Q8_0 v stack exactly in ``q8_0``).
+- a fused projection whose parts come in types no one format holds (a Q4_K_M file's q/k in Q4_K beside v in
+  Q6_K) keeps each run of rows in its own format, exactly (stored as ``q4k+q6_k``: ``rust/src/decoder/parts.rs``;
+  counted in ``info["parts_matrices"]``); only where a run is not whole 16-row panels are the parts quantized
+  together into the widest of their formats, named in ``info["gguf"]["converted"]`` (the real SmolLM2 and Gemma 3
+  files have no mixed parts: Gemma's Q5_0 q/k beside a Q8_0 v stack exactly in ``q8_0``).
 
 The model's config and tokenizer come from the file through transformers (as ``from_pretrained(...,
 gguf_file=)`` reads them); the family mapping (``families/``) is the one ``from_hf`` uses, run on a model
@@ -29,6 +31,7 @@ about the file's size plus the decoder's copy.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -223,7 +226,7 @@ def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_co
         "family": fam.name, "precision": "gguf", "calibrated": False, "tied_embeddings": recipe["tied_embeddings"],
         "formats": {}, "plan": f"as stored in {fname}",
         "gguf": {"file": path, "exact": [], "converted": {}},
-        **{f"{q}_matrices": 0 for q in ("bf16", "f32", *plan.QUANT)},
+        **{f"{q}_matrices": 0 for q in ("bf16", "f32", "parts", *plan.QUANT)},
     }  # fmt: skip
     bits = [0.0, 0.0]
     requantized: set[str] = set()
@@ -236,14 +239,14 @@ def from_gguf(cls: Any, path: str | os.PathLike[str], max_batch: int = 1, max_co
             builder.set(t["name"], t["layer"], src.value.detach().float().contiguous())
             continue
         parts = _parts(src.value, mats, t["name"], fam.name)
-        stored, exact, note = _put_matrix(builder, file, t, parts, requantized)
+        stored, exact, note, run_rows = _put_matrix(builder, file, t, parts, requantized)
         label = f"{t['name']}.{t['layer']}"
         info["formats"][label] = stored
-        info[f"{stored}_matrices"] += 1
+        info[f"{'parts' if '+' in stored else stored}_matrices"] += 1
         (info["gguf"]["exact"].append(label) if exact else info["gguf"]["converted"].__setitem__(label, note))
         rows, cols = t["rows"], t["cols"]
         if t["name"] != "pos_embed":
-            bits[0] += plan.row_bits(stored, cols) * rows * cols
+            bits[0] += sum(plan.row_bits(f, cols) * n for f, n in zip(stored.split("+"), run_rows, strict=True)) * cols
             bits[1] += rows * cols
     if requantized:
         log.warning("kwker: %s holds tensors of types with no exact repacking here (%s); they were quantized into "
@@ -278,8 +281,9 @@ def _parts(value: torch.Tensor, mats: list[tuple[str, int]], name: str, family: 
 
 
 def _put_matrix(b: native.Builder, file: _File, t: dict[str, Any], parts: list[tuple[str, np.ndarray]],
-                requantized: set[str]) -> tuple[str, bool, str]:  # fmt: skip
-    """Hands one decoder matrix over; returns (format stored, exact, what was done if not exact)."""
+                requantized: set[str]) -> tuple[str, bool, str, list[int]]:  # fmt: skip
+    """Hands one decoder matrix over; returns (format stored, exact, what was done if not exact, the rows of each
+    run of the stored format: one run, or a run per name of ``a+b``)."""
     types = [file.tensors[g].tensor_type.name for g, _ in parts]
     file_rows = [file.row_order(g, int(file.tensors[g].shape[1]))[0][rows] for g, rows in parts]
     name, layer, expert, cols = t["name"], t["layer"], t["expert"], t["cols"]
@@ -288,7 +292,10 @@ def _put_matrix(b: native.Builder, file: _File, t: dict[str, Any], parts: list[t
         data = np.concatenate([file.tensors[g].data[r].reshape(-1) for (g, _), r in zip(parts, file_rows, strict=True)])
         spec = [(native.GGUF_TYPES[ty], len(r)) for ty, r in zip(types, file_rows, strict=True)]
         stored, exact = b.set_gguf(name, layer, spec, data, cols, expert=expert)
-        return stored, exact, "" if exact else f"{'+'.join(sorted(set(types)))} -> {stored}"
+        # Runs of parts in their own formats: consecutive parts of one type (Rust's `exact_runs`).
+        runs = [sum(n for _, n in g) for _, g in itertools.groupby(spec, key=lambda p: p[0])]
+        run_rows = runs if "+" in stored else [sum(runs)]
+        return stored, exact, "" if exact else f"{'+'.join(sorted(set(types)))} -> {stored}", run_rows
     # Float types are kept as float; other types are quantized into the nearest format.
     import gguf
 
@@ -302,10 +309,10 @@ def _put_matrix(b: native.Builder, file: _File, t: dict[str, Any], parts: list[t
             w = w.to(torch.bfloat16)
         b.set(name, layer, w, expert=expert)
         stored = "bf16" if w.dtype == torch.bfloat16 else "f32"
-        return stored, True, ""
+        return stored, True, "", [w.shape[0]]
     others = sorted({ty for ty in types if ty not in FLOAT_TYPES})
     requantized.update(others)
     fmt = max((_nearest(ty) for ty in others), key=lambda f: plan.BITS[f])
     plan.check_quantizable(name, layer, fmt, cols)
     b.set(name, layer, w, fmt, expert=expert)
-    return fmt, False, f"{'+'.join(sorted(set(types)))} -> {fmt} (dequantized and quantized again)"
+    return fmt, False, f"{'+'.join(sorted(set(types)))} -> {fmt} (dequantized and quantized again)", [w.shape[0]]

@@ -209,10 +209,10 @@ class Builder:
                  expert: int = 0) -> tuple[str, bool]:  # fmt: skip
         """A matrix from a GGUF file's blocks: ``parts`` = [(ggml type id, rows)] stacked in order, ``data`` their
         rows of blocks one after another (a contiguous uint8 numpy array). Returns (format stored, whether every
-        value is the file's)."""
+        value is the file's); parts kept in formats of their own give their names joined by ``+`` (``q4k+q6_k``)."""
         types = (ctypes.c_uint32 * len(parts))(*[t for t, _ in parts])
         rows = (ctypes.c_int64 * len(parts))(*[n for _, n in parts])
-        fmt, exact = ctypes.create_string_buffer(16), ctypes.c_int32()
+        fmt, exact = ctypes.create_string_buffer(64), ctypes.c_int32()
         rc = LIB.kwker_decoder_set_gguf(self.b, name.encode(), layer, expert, types, rows, len(parts),
                                         data.ctypes.data, data.nbytes, cols, fmt, ctypes.byref(exact), self.err,
                                         ERR_LEN)  # fmt: skip

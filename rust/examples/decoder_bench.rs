@@ -10,19 +10,18 @@ use std::time::Instant;
 
 use kwker_kernels::bf16::f32_to_bf16;
 use kwker_kernels::decoder::builder::{Builder, Data, Store};
+use kwker_kernels::decoder::linear::lin;
 use kwker_kernels::decoder::recipe::{
     Act, Biases, Block, KvFormat, LayerSpec, Limits, Mlp, Norm, NormKind, Placement, Positions,
     Recipe, Rope,
 };
 use kwker_kernels::decoder::tensors::Tensor;
-use kwker_kernels::decoder::weights::Mat;
 use kwker_kernels::decoder::{Decoder, Logits, SeqStep};
 use kwker_kernels::isa;
 use kwker_kernels::linear::{linear, Weight};
 use kwker_kernels::par::Parallel;
 use kwker_kernels::pool::SpinPool;
-use kwker_kernels::preserve_linear::panel_linear;
-use kwker_kernels::quant::{quant_linear, Format};
+use kwker_kernels::quant::Format;
 
 struct Shape {
     hidden: usize,
@@ -262,10 +261,7 @@ fn main() {
             for m in &mats {
                 let (n, k) = (m.rows(), m.cols());
                 let (x, y) = (&x[..rows * k], &mut y[..rows * n]);
-                match m {
-                    Mat::Panel(p) => panel_linear(isa, &pool, x, rows, p, None, y),
-                    Mat::Quant(q) => quant_linear(isa, &pool, x, rows, q, None, y),
-                }
+                lin(isa, &pool, x, rows, m, None, y);
             }
             tp.push(t.elapsed().as_secs_f64());
             let t = Instant::now();

@@ -29,6 +29,7 @@ pub mod mlp;
 pub mod moe;
 pub mod norm;
 pub mod ops;
+pub mod parts;
 pub mod recipe;
 pub mod rope;
 pub mod sample;

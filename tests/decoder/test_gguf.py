@@ -54,8 +54,9 @@ def _raw_q6_k(rows: int, cols: int, rng: np.random.Generator, paired: bool) -> n
 
 # Layer 0: every type repacked exactly, in its own bits or, in one fused matrix, in the widest of its parts'
 # (Q4_0 beside Q5_0 in q/k/v: q5_0; Q5_0 beside Q8_0 in gate/up: q8_0; Q4_0 alone: q4_0); layer 1: a fused
-# projection of mixed formats, a type with no repack (Q5_1), a Q6_K whose paired scales differ (exact too),
-# and an F16 matrix; the embedding Q4_1 (q4), the head Q4_K (q4k).
+# projection of formats no one format holds (Q4_K q/k beside Q6_K v: runs of rows in their own formats, exact),
+# a type with no repack (Q5_1), a Q6_K whose paired scales differ (exact too), and an F16 matrix; the embedding
+# Q4_1 (q4), the head Q4_K (q4k).
 TYPES = {
     "blk.0.attn_q": Q.Q4_0, "blk.0.attn_k": Q.Q5_0, "blk.0.attn_v": Q.Q5_0, "blk.0.attn_output": Q.Q4_0,
     "blk.0.ffn_gate": Q.Q5_0, "blk.0.ffn_up": Q.Q8_0, "blk.0.ffn_down": "Q6_K paired",
@@ -121,15 +122,16 @@ def test_every_exactly_repacked_matrix_holds_the_files_values(llama_file: Any, c
         dec = KwkDecoder.from_gguf(path, max_context=64)
     info = dec.info["gguf"]
     assert dec.info["kv_cache"] == "q8"  # the default beside quantized matrices, as from_hf's int4
-    assert sorted(info["exact"]) == sorted(["qkv.0", "o.0", "up.0", "down.0", "o.1", "down.1", "embed.0",
+    assert sorted(info["exact"]) == sorted(["qkv.0", "o.0", "up.0", "down.0", "qkv.1", "o.1", "down.1", "embed.0",
                                             "lm_head.0"])  # fmt: skip
-    assert info["converted"] == {
-        "qkv.1": "Q4_K+Q6_K -> q6_k", "up.1": "Q5_1 -> q6k (dequantized and quantized again)",
-    }  # fmt: skip
+    assert info["converted"] == {"up.1": "Q5_1 -> q6k (dequantized and quantized again)"}
     assert dec.info["formats"] == {
-        "qkv.0": "q5_0", "o.0": "q4_0", "up.0": "q8_0", "down.0": "q6_k", "qkv.1": "q6_k", "o.1": "f32",
+        "qkv.0": "q5_0", "o.0": "q4_0", "up.0": "q8_0", "down.0": "q6_k", "qkv.1": "q4k+q6_k", "o.1": "f32",
         "up.1": "q6k", "down.1": "q6_k", "embed.0": "q4", "lm_head.0": "q4k",
     }  # fmt: skip
+    assert dec.info["parts_matrices"] == 1
+    stored = {(t["name"], t["layer"]): t["format"] for t in dec.describe()["tensors"]}
+    assert stored[("qkv", 1)] == "parts" and stored[("qkv", 0)] == "q5_0"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "(Q5_1)" in warnings[0] and "llama.gguf" in warnings[0]
     for label in info["exact"]:
@@ -175,6 +177,19 @@ def test_llama_q_and_k_rows_are_unpermuted(llama_file: Any) -> None:
     hf_rows = loaded.model.layers[0].self_attn.q_proj.weight
     assert not torch.equal(file_rows, hf_rows)
     assert torch.equal(KwkDecoder.from_gguf(path, max_context=16).weight("qkv", 0)[:256], hf_rows)
+
+
+def test_a_matrix_of_parts_saves_and_loads_as_it_is(llama_file: Any, tmp_path: Any) -> None:
+    """q/k in Q4_K beside v in Q6_K (layer 1): the runs of rows come back from a saved folder in their own
+    formats, and the loaded decoder scores the same logits, bit for bit."""
+    path, _ = llama_file
+    dec = KwkDecoder.from_gguf(path, max_context=32)
+    dec.save(tmp_path / "saved")
+    back = KwkDecoder.load(tmp_path / "saved")
+    assert back.info["formats"]["qkv.1"] == "q4k+q6_k"
+    assert torch.equal(back.weight("qkv", 1), dec.weight("qkv", 1))
+    ids = torch.arange(3, 30)
+    assert torch.equal(back.score(ids), dec.score(ids))
 
 
 def test_bad_paths_get_clear_errors(tmp_path: Any) -> None:

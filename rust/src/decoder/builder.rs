@@ -226,9 +226,11 @@ impl Builder {
 
     /// A matrix from a GGUF file's blocks (`quant::gguf`): `parts` are (ggml type, rows) stacked in order
     /// (a fused projection's q, k, v from three tensors), `bytes` their rows of blocks one after another.
-    /// Returns the format stored and whether every value is the file's exactly: parts of one format are
-    /// repacked as they are; parts whose exact formats differ are dequantized and quantized together to
-    /// the widest of them (a Q4_K_M file's q/k in Q4_K beside v in Q6_K), which the caller reports.
+    /// Returns the format stored (runs of parts: their formats joined by `+`, e.g. `q4k+q6_k`) and whether
+    /// every value is the file's exactly: parts of one format are repacked as they are; parts whose exact
+    /// formats differ keep each run of rows in its own format (`Mat::Parts`: a Q4_K_M file's q/k in Q4_K
+    /// beside v in Q6_K), or where that cannot be (a run not whole 16-row panels, a part not exact) are
+    /// dequantized and quantized together to the widest of them, which the caller reports.
     pub fn set_gguf(
         &mut self,
         name: &str,
@@ -237,7 +239,7 @@ impl Builder {
         parts: &[(u32, usize)],
         cols: usize,
         bytes: &[u8],
-    ) -> Result<(Format, bool), String> {
+    ) -> Result<(String, bool), String> {
         if parts.is_empty() {
             return Err(format!("{name}: a GGUF matrix needs at least one part"));
         }
@@ -276,6 +278,15 @@ impl Builder {
                 QuantRows::stack(read.into_iter().map(|r| r.0).collect()),
                 exact,
             )
+        } else if let Some(runs) = exact_runs(&read) {
+            // Parts in formats no one format holds (Q4_K q/k beside Q6_K v): each run of rows in its own.
+            let name = runs
+                .iter()
+                .map(|w| w.format.name())
+                .collect::<Vec<_>>()
+                .join("+");
+            self.w.put(t, layer, expert, Stored::Mat(Mat::Parts(runs)));
+            return Ok((name, true));
         } else {
             let widest = read
                 .iter()
@@ -297,7 +308,7 @@ impl Builder {
             expert,
             Stored::Mat(Mat::Quant(QuantWeight::pack(&q))),
         );
-        Ok((format, exact))
+        Ok((format.name().to_string(), exact))
     }
 
     /// The decoder, once every tensor the recipe has has been given.
@@ -312,4 +323,25 @@ impl Builder {
         }
         Decoder::new(self.recipe, self.limits, self.w)
     }
+}
+
+/// A GGUF matrix's parts (each converted into its own format) as runs of consecutive parts of one format, each
+/// packed: when every part is exact and every run but the last is whole 16-row panels (`parts::check`); None
+/// otherwise (the caller quantizes the values again into one format).
+fn exact_runs(read: &[(QuantRows, bool)]) -> Option<Vec<QuantWeight>> {
+    if !read.iter().all(|r| r.1) {
+        return None;
+    }
+    let mut runs: Vec<Vec<QuantRows>> = Vec::new();
+    for (q, _) in read {
+        match runs.last_mut() {
+            Some(run) if run[0].format == q.format => run.push(q.clone()),
+            _ => runs.push(vec![q.clone()]),
+        }
+    }
+    let packed: Vec<QuantWeight> = runs
+        .into_iter()
+        .map(|run| QuantWeight::pack(&QuantRows::stack(run)))
+        .collect();
+    super::parts::check(&packed).ok().map(|()| packed)
 }

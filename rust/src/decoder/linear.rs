@@ -1,7 +1,10 @@
-//! The decoder's linear: one call for a matrix stored as float panels (`panel`) or quantized (`quant`), and a
-//! group of independent ones (a mixture's experts) in one parallel region per storage kind.
-//! Numerical contract: `panel_linear`'s and `quant_linear`'s; a grouped item gives `lin`'s bits alone.
+//! The decoder's linear: one call for a matrix stored as float panels (`panel`), quantized (`quant`) or as runs
+//! of rows in different formats (`parts`), and a group of independent ones (a mixture's experts) in one
+//! parallel region per storage kind.
+//! Numerical contract: `panel_linear`'s, `quant_linear`'s and `parts_linear`'s; a grouped item gives `lin`'s
+//! bits alone.
 
+use super::parts::parts_linear;
 use super::weights::Mat;
 use crate::isa::Isa;
 use crate::par::Parallel;
@@ -23,6 +26,7 @@ pub fn lin(
     match w {
         Mat::Panel(p) => panel_linear(isa, par, x, m, p, b, y),
         Mat::Quant(q) => quant_linear(isa, par, x, m, q, b, y),
+        Mat::Parts(ps) => parts_linear(isa, par, x, m, ps, b, y),
     }
 }
 
@@ -45,6 +49,8 @@ pub fn lin_group(isa: Isa, par: &dyn Parallel, items: Vec<LinItem<'_>>) {
         match it.w {
             Mat::Panel(w) => panels.push(crate::preserve_linear::GroupItem { x, m, w, y }),
             Mat::Quant(w) => quants.push(crate::quant::GroupItem { x, m, w, y }),
+            // Not a mixture's layout (GGUF experts are refused); run alone, as `lin`.
+            Mat::Parts(ps) => parts_linear(isa, par, x, m, ps, None, y),
         }
     }
     if !panels.is_empty() {

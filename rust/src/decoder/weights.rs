@@ -4,7 +4,9 @@
 //! Matrices are stored in the checkpoint's own dtype (bf16 or f32; the caller decides whether a
 //! bf16-exact f32 matrix is stored as bf16), packed into column panels, or quantized to 8 or 4 bits
 //! when the caller asks (`quant.rs`). Norm weights and biases are f32 (bf16 values widen
-//! exactly). Fused projections: q/k/v rows stacked as [q; k; v], gate/up as [gate; up].
+//! exactly). Fused projections: q/k/v rows stacked as [q; k; v], gate/up as [gate; up]; a fused matrix
+//! whose parts come quantized in formats no one format holds exactly (a GGUF file's q/k in Q4_K beside
+//! v in Q6_K) keeps each run of rows in its own format (`Mat::Parts`, `decoder/parts.rs`).
 
 use super::tensors::{Tensor, TABLE};
 use crate::preserve_linear::PanelWeight;
@@ -23,10 +25,12 @@ pub enum MatFormat {
     Q40,
     Q50,
     Q6K16,
+    /// Runs of rows in different quantized formats (`Mat::Parts`).
+    Parts,
 }
 
 impl MatFormat {
-    pub const ALL: [MatFormat; 10] = [
+    pub const ALL: [MatFormat; 11] = [
         MatFormat::F32,
         MatFormat::Bf16,
         MatFormat::Q8,
@@ -37,12 +41,14 @@ impl MatFormat {
         MatFormat::Q40,
         MatFormat::Q50,
         MatFormat::Q6K16,
+        MatFormat::Parts,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             MatFormat::F32 => "f32",
             MatFormat::Bf16 => "bf16",
+            MatFormat::Parts => "parts",
             q => q.quant().map_or("?", Format::name),
         }
     }
@@ -50,7 +56,7 @@ impl MatFormat {
     /// The quantized format it stores (None for the float panels).
     pub fn quant(self) -> Option<Format> {
         match self {
-            MatFormat::F32 | MatFormat::Bf16 => None,
+            MatFormat::F32 | MatFormat::Bf16 | MatFormat::Parts => None,
             MatFormat::Q8 => Some(Format::Q8),
             MatFormat::Q80 => Some(Format::Q80),
             MatFormat::Q4 => Some(Format::Q4),
@@ -73,6 +79,9 @@ impl MatFormat {
 pub enum Mat {
     Panel(PanelWeight),
     Quant(QuantWeight),
+    /// Runs of rows, in order, each quantized in its own format (at least two; every run but the last a
+    /// whole number of 16-row panels; the same cols).
+    Parts(Vec<QuantWeight>),
 }
 
 impl Mat {
@@ -88,6 +97,7 @@ impl Mat {
         match self {
             Mat::Panel(p) => p.n(),
             Mat::Quant(q) => q.n(),
+            Mat::Parts(ps) => ps.iter().map(QuantWeight::n).sum(),
         }
     }
 
@@ -95,6 +105,7 @@ impl Mat {
         match self {
             Mat::Panel(p) => p.k(),
             Mat::Quant(q) => q.k(),
+            Mat::Parts(ps) => ps[0].k(),
         }
     }
 
@@ -113,6 +124,7 @@ impl Mat {
                 Format::Q50 => MatFormat::Q50,
                 Format::Q6K16 => MatFormat::Q6K16,
             },
+            Mat::Parts(_) => MatFormat::Parts,
         }
     }
 
@@ -121,6 +133,7 @@ impl Mat {
         match self {
             Mat::Panel(p) => p.packed_bytes(),
             Mat::Quant(q) => q.packed_bytes().to_vec(),
+            Mat::Parts(ps) => super::parts::to_bytes(ps),
         }
     }
 
@@ -131,6 +144,9 @@ impl Mat {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Mat, String> {
+        if format == MatFormat::Parts {
+            return super::parts::from_bytes(rows, cols, bytes).map(Mat::Parts);
+        }
         match format.quant() {
             None => PanelWeight::from_packed(format == MatFormat::Bf16, bytes, rows, cols)
                 .map(Mat::Panel),
@@ -143,6 +159,7 @@ impl Mat {
         match self {
             Mat::Panel(p) => p.bytes(),
             Mat::Quant(q) => q.bytes(),
+            Mat::Parts(ps) => ps.iter().map(QuantWeight::bytes).sum(),
         }
     }
 
@@ -151,6 +168,16 @@ impl Mat {
         match self {
             Mat::Panel(p) => p.row_f32(r, out),
             Mat::Quant(q) => q.row_f32(r, out),
+            Mat::Parts(ps) => {
+                let mut r = r;
+                for q in ps {
+                    if r < q.n() {
+                        return q.row_f32(r, out);
+                    }
+                    r -= q.n();
+                }
+                panic!("row past the matrix's rows");
+            }
         }
     }
 }
