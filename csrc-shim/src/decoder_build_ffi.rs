@@ -48,7 +48,7 @@ pub unsafe extern "C" fn kwker_decoder_abi(
             "version": ABI_VERSION,
             "tensors": tensors,
             "dtypes": DTYPES,
-            "formats": MatFormat::ALL.map(MatFormat::name),
+            "formats": MatFormat::all().map(MatFormat::name).collect::<Vec<_>>(),
             "stores": std::iter::once("as_given").chain(Format::ALL.map(Format::name)).collect::<Vec<_>>(),
             "quant": Format::ALL.map(|f| json!({
                 "name": f.name(),

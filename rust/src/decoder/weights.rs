@@ -12,64 +12,45 @@ use super::tensors::{Tensor, TABLE};
 use crate::preserve_linear::PanelWeight;
 use crate::quant::{Format, QuantWeight};
 
-/// How a matrix is stored. The name is the only code that crosses the FFI or is saved for it.
+/// How a matrix is stored. The name is the only code that crosses the FFI or is saved for it; the
+/// quantized formats are `quant::Format`'s own list (one place to add a format).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatFormat {
     F32,
     Bf16,
-    Q8,
-    Q80,
-    Q4,
-    Q4K,
-    Q6K,
-    Q40,
-    Q50,
-    Q6K16,
+    Quant(Format),
     /// Runs of rows in different quantized formats (`Mat::Parts`).
     Parts,
 }
 
 impl MatFormat {
-    pub const ALL: [MatFormat; 11] = [
-        MatFormat::F32,
-        MatFormat::Bf16,
-        MatFormat::Q8,
-        MatFormat::Q80,
-        MatFormat::Q4,
-        MatFormat::Q4K,
-        MatFormat::Q6K,
-        MatFormat::Q40,
-        MatFormat::Q50,
-        MatFormat::Q6K16,
-        MatFormat::Parts,
-    ];
+    /// Every format, in the order the ABI lists them: the float panels, `Format::ALL`, then parts.
+    pub fn all() -> impl Iterator<Item = MatFormat> {
+        [MatFormat::F32, MatFormat::Bf16]
+            .into_iter()
+            .chain(Format::ALL.map(MatFormat::Quant))
+            .chain([MatFormat::Parts])
+    }
 
     pub fn name(self) -> &'static str {
         match self {
             MatFormat::F32 => "f32",
             MatFormat::Bf16 => "bf16",
+            MatFormat::Quant(f) => f.name(),
             MatFormat::Parts => "parts",
-            q => q.quant().map_or("?", Format::name),
         }
     }
 
-    /// The quantized format it stores (None for the float panels).
+    /// The quantized format it stores (None for the float panels and for parts).
     pub fn quant(self) -> Option<Format> {
         match self {
-            MatFormat::F32 | MatFormat::Bf16 | MatFormat::Parts => None,
-            MatFormat::Q8 => Some(Format::Q8),
-            MatFormat::Q80 => Some(Format::Q80),
-            MatFormat::Q4 => Some(Format::Q4),
-            MatFormat::Q4K => Some(Format::Q4K),
-            MatFormat::Q6K => Some(Format::Q6K),
-            MatFormat::Q40 => Some(Format::Q40),
-            MatFormat::Q50 => Some(Format::Q50),
-            MatFormat::Q6K16 => Some(Format::Q6K16),
+            MatFormat::Quant(f) => Some(f),
+            _ => None,
         }
     }
 
     pub fn from_name(s: &str) -> Option<MatFormat> {
-        MatFormat::ALL.into_iter().find(|f| f.name() == s)
+        MatFormat::all().find(|f| f.name() == s)
     }
 }
 
@@ -114,16 +95,7 @@ impl Mat {
         match self {
             Mat::Panel(PanelWeight::F32 { .. }) => MatFormat::F32,
             Mat::Panel(PanelWeight::Bf16 { .. }) => MatFormat::Bf16,
-            Mat::Quant(q) => match q.format {
-                Format::Q8 => MatFormat::Q8,
-                Format::Q80 => MatFormat::Q80,
-                Format::Q4 => MatFormat::Q4,
-                Format::Q4K => MatFormat::Q4K,
-                Format::Q6K => MatFormat::Q6K,
-                Format::Q40 => MatFormat::Q40,
-                Format::Q50 => MatFormat::Q50,
-                Format::Q6K16 => MatFormat::Q6K16,
-            },
+            Mat::Quant(q) => MatFormat::Quant(q.format),
             Mat::Parts(_) => MatFormat::Parts,
         }
     }
