@@ -12,6 +12,7 @@
 use crate::isa::Isa;
 use crate::par::Parallel;
 use crate::quant::{quant_linear, Format, QuantWeight, QPANEL};
+use crate::scratch::with_scratch;
 
 const MAGIC: &[u8; 8] = b"KWKPARTS";
 
@@ -51,18 +52,20 @@ pub fn parts_linear(
     y: &mut [f32],
 ) {
     let n: usize = parts.iter().map(QuantWeight::n).sum();
-    let mut c0 = 0;
-    let mut buf = Vec::new();
-    for q in parts {
-        let nj = q.n();
-        buf.clear();
-        buf.resize(m * nj, 0.0f32);
-        quant_linear(isa, par, x, m, q, b.map(|b| &b[c0..c0 + nj]), &mut buf);
-        for (i, row) in buf.chunks_exact(nj).enumerate() {
-            y[i * n + c0..i * n + c0 + nj].copy_from_slice(row);
+    let widest = parts.iter().map(QuantWeight::n).max().unwrap_or(0);
+    // One run's columns at a time, in this thread's reused scratch (`quant_linear` writes all of it).
+    with_scratch(m * widest, |scratch| {
+        let mut c0 = 0;
+        for q in parts {
+            let nj = q.n();
+            let buf = &mut scratch[..m * nj];
+            quant_linear(isa, par, x, m, q, b.map(|b| &b[c0..c0 + nj]), buf);
+            for (i, row) in buf.chunks_exact(nj).enumerate() {
+                y[i * n + c0..i * n + c0 + nj].copy_from_slice(row);
+            }
+            c0 += nj;
         }
-        c0 += nj;
-    }
+    });
 }
 
 /// The saved form of `parts` (module header).
