@@ -2,8 +2,9 @@
 //! prompt step on the decoder's own pool, next to the same GEMVs run alone and a plain read-bandwidth
 //! loop, so the gap between "the step" and "the weights it reads" can be split into its parts.
 //!
-//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|1.7b] [threads] [bf16|q8|q4|q4k] [steps [prompt]]`
+//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|0.6b|1.7b] [threads] [bf16|q8|q4|q4k] [steps [prompt]]`
 //! (q8/q4/q4k: every layer matrix quantized, the tied embedding/lm_head as q8, or q6k beside q4k as int4 stores it).
+//! The KV cache is each precision's default in `KwkDecoder` (int4 q8, int8 bf16, float f32).
 //! Rates are bytes of weights per second (the memory-bound quantity) and tokens per second.
 
 use std::time::Instant;
@@ -30,6 +31,7 @@ struct Shape {
     heads: usize,
     kv: usize,
     vocab: usize,
+    head_dim: usize,
 }
 
 fn shape(name: &str) -> Shape {
@@ -41,6 +43,7 @@ fn shape(name: &str) -> Shape {
             heads: 15,
             kv: 5,
             vocab: 49152,
+            head_dim: 64,
         },
         "0.5b" => Shape {
             hidden: 896,
@@ -49,6 +52,7 @@ fn shape(name: &str) -> Shape {
             heads: 14,
             kv: 2,
             vocab: 151936,
+            head_dim: 64,
         },
         "1.7b" => Shape {
             hidden: 2048,
@@ -57,6 +61,17 @@ fn shape(name: &str) -> Shape {
             heads: 32,
             kv: 32,
             vocab: 49152,
+            head_dim: 64,
+        },
+        // Qwen3-0.6B: 16 heads of 128 (q wider than the hidden size), no q/k norms here.
+        "0.6b" => Shape {
+            hidden: 1024,
+            inter: 3072,
+            layers: 28,
+            heads: 16,
+            kv: 8,
+            vocab: 151936,
+            head_dim: 128,
         },
         _ => Shape {
             hidden: 576,
@@ -65,6 +80,7 @@ fn shape(name: &str) -> Shape {
             heads: 9,
             kv: 3,
             vocab: 49152,
+            head_dim: 64,
         },
     }
 }
@@ -137,13 +153,22 @@ fn recipe(s: &Shape, d: usize) -> Recipe {
     }
 }
 
+/// The KV cache each precision gets by default in `KwkDecoder` (`DEFAULT_KV_CACHE`): int4 q8, int8 bf16.
+fn kv_format(format: Option<Format>) -> KvFormat {
+    match format {
+        Some(Format::Q4K | Format::Q4) => KvFormat::Q8,
+        Some(_) => KvFormat::Bf16,
+        None => KvFormat::F32,
+    }
+}
+
 fn build(s: &Shape, format: Option<Format>) -> Decoder {
-    let d = 64;
+    let d = s.head_dim;
     let limits = Limits {
         slots: 8,
         max_context: 1024,
         chunk_rows: 512,
-        kv: KvFormat::F32,
+        kv: kv_format(format),
     };
     let mut b = Builder::new(recipe(s, d), limits).unwrap();
     b.set_threads(std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -201,9 +226,10 @@ fn main() {
     let mut dec = build(&s, format);
     let bytes = dec.weights().bytes_per_token(0) as f64;
     println!(
-        "{name}: {:.0} MB of weights per token, tier {}, {threads} threads",
+        "{name}: {:.0} MB of weights per token, tier {}, {threads} threads, {:?} KV cache",
         bytes / 1e6,
-        isa.name()
+        isa.name(),
+        kv_format(format)
     );
 
     // Read bandwidth: sum a 512 MB buffer with the same pool.
