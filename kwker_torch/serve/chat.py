@@ -40,6 +40,7 @@ class ChoiceSplit:
         self.plan = plan
         self.offsets: list[int] = []  # where each token's text starts in the reply
         self.ncalls = 0  # calls started in deltas so far
+        self._undecided: list[Any] = []  # tokens not yet known to be reasoning or answer (``answer_tokens``)
 
     def feed(self, text: str, offsets: Sequence[int] = (), end: bool = False) -> list[tuple[str, Any]]:
         self.offsets += offsets
@@ -57,6 +58,19 @@ class ChoiceSplit:
 
     def reasoning_tokens(self) -> int:
         return self.think.tokens(self.offsets) if self.think is not None else 0
+
+    def answer_tokens(self, toks: Sequence[Any]) -> list[Any]:
+        """Of ``toks`` (tokens with an ``offset`` in the reply, fed after their text) and those held before, the
+        ones that wrote the answer rather than the reasoning, as soon as the reply tells which: while it may still
+        open a ``<think>`` block they are held. Call once per token, in order."""
+        self._undecided += toks
+        th = self.think
+        if th is not None and th.state == "start":
+            return []
+        out, self._undecided = self._undecided, []
+        if th is None or not th.had:
+            return out
+        return [] if th.end is None else [t for t in out if t.offset >= th.end]
 
     def message(self, items: list[tuple[str, Any]]) -> dict[str, Any]:
         """The whole ``message`` of a reply's items (``tool_calls`` only when there are calls)."""

@@ -9,7 +9,10 @@ with its ``sequence_number``: ``response.output_item.added``, ``response.content
 (``response.reasoning_text.delta``, ``response.output_text.delta``, ``response.function_call_arguments.delta``),
 their ``.done`` events, ``response.content_part.done`` and ``response.output_item.done``. A whole call
 (``tool_call_stream`` "whole" shape) streams as one arguments delta. The whole reply fed at once gives the
-items a stream gives (only their ids differ). A reply cut by ``max_output_tokens`` leaves its last item
+items a stream gives (only their ids differ). Logprobs (``include`` "message.output_text.logprobs"), given per
+token of the answer by ``logprobs`` before the items its text made, ride on the next ``output_text.delta`` and
+collect in the part's ``logprobs`` (the ``.done`` event carries them all); those of tokens that wrote a call
+instead are dropped. A reply cut by ``max_output_tokens`` leaves its last item
 ``incomplete``; a finished reply without a message or a call gets an empty message.
 
 ``Kept``: responses in memory (at most ``keep``, each for ``ttl`` seconds, the least recently used evicted
@@ -42,6 +45,7 @@ class Output:
         self.open: dict[str, Any] | None = None  # the item being written (the last of items)
         self.seq = 0
         self._events: list[dict[str, Any]] = []
+        self._logprobs: list[dict[str, Any]] = []  # the answer's tokens not yet on a delta
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Records an event (its fields copied: items change after it is made)."""
@@ -53,6 +57,11 @@ class Output:
     def drain(self) -> list[dict[str, Any]]:
         out, self._events = self._events, []
         return out
+
+    def logprobs(self, entries: list[dict[str, Any]]) -> None:
+        """The logprobs of answer tokens (OpenAI's entries: token, logprob, bytes, top_logprobs), for the next
+        text delta."""
+        self._logprobs += entries
 
     def feed(self, items: Iterable[tuple[str, Any]]) -> None:
         for kind, x in items:
@@ -102,9 +111,12 @@ class Output:
         if kind == "reasoning":
             self.event("response.reasoning_text.delta", **self._where(), content_index=0, delta=text)
         else:
-            self.event("response.output_text.delta", **self._where(), content_index=0, delta=text, logprobs=[])
+            lp, self._logprobs = self._logprobs, []
+            it["content"][0]["logprobs"] += lp
+            self.event("response.output_text.delta", **self._where(), content_index=0, delta=text, logprobs=lp)
 
     def _call(self, call_id: str, name: str) -> None:
+        self._logprobs = []  # (held tokens that wrote this call, not the answer's text)
         self._add({"type": "function_call", "id": item_id("fc"), "call_id": call_id, "name": name, "arguments": "",
                    "status": "in_progress"})  # fmt: skip
 
@@ -125,7 +137,10 @@ class Output:
         else:
             part = it["content"][0]
             done = "response.reasoning_text.done" if it["type"] == "reasoning" else "response.output_text.done"
-            extra = {} if it["type"] == "reasoning" else {"logprobs": []}
+            if it["type"] == "message":  # (tokens whose text was held to the end: the end tag's)
+                part["logprobs"] += self._logprobs
+                self._logprobs = []
+            extra = {} if it["type"] == "reasoning" else {"logprobs": part["logprobs"]}
             self.event(done, **where, content_index=0, text=part["text"], **extra)
             self.event("response.content_part.done", **where, content_index=0, part=part)
         it["status"] = status

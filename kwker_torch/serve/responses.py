@@ -24,6 +24,10 @@ unknown (or expired) id is a 404. ``stream``: the events of outputs.py between `
 /v1/responses/{id}/input_items`` lists a kept response's own input items (a string input as one user message;
 each item with its id or a new one), paged as OpenAI's list endpoints (``limit``, ``order``, ``after``,
 ``before``).
+
+Logprobs: ``include`` ["message.output_text.logprobs"] (or ``top_logprobs`` > 0) puts the answer's tokens' logprobs
+(the model's own, as chat's; ``top_logprobs`` alternatives each) on the ``output_text`` part and on its stream's
+deltas; the reasoning's tokens and a call's have none, as OpenAI's. Other ``include`` values are 400s.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from pydantic import Field, ValidationError
 
 from .chat import ChoiceSplit, ReplyPlan
 from .engine import Engine
-from .flight import Flight, Stream, outcome, sse
+from .flight import Flight, Stream, chat_logprobs, outcome, sse
 from .options import ServeOptions
 from .outputs import Kept, Output, item_id
 from .reasoning import EFFORT_OFF, EFFORTS, thinking_of
@@ -75,6 +79,8 @@ class ResponsesRequest(_Strict):
     seed: int | None = None  # (an extension, as chat's)
     chat_template_kwargs: Any = None  # (an extension, as chat's)
     background: bool | None = None  # refused when true: every response is answered in the request
+    include: list[str] | None = None  # "message.output_text.logprobs" only (the others need tools not served)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 class Bad(FieldError):
@@ -272,6 +278,19 @@ def _format(text: Any) -> dict[str, Any] | None:
     raise Bad(f"text.format.type must be text, json_object or json_schema; got {kind!r}", "text")
 
 
+#: The one ``include`` value this server can fill.
+LOGPROBS = "message.output_text.logprobs"
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """Whether the answer's logprobs are asked for; raises Bad for an ``include`` value this server cannot fill."""
+    for i, v in enumerate(body.include or []):
+        if v != LOGPROBS:
+            raise Bad(f"include[{i}] {v!r} is not supported: this server runs function tools only and can include "
+                      f"{LOGPROBS!r}", "include")  # fmt: skip
+    return LOGPROBS in (body.include or []) or bool(body.top_logprobs)
+
+
 def _template_kwargs(body: ResponsesRequest, tok: Any) -> Any:
     """chat_template_kwargs with ``reasoning.effort`` mapped onto the template's thinking switch."""
     r = body.reasoning
@@ -391,16 +410,18 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
             before = before + conversation(body.input)
             system = [{"role": "system", "content": body.instructions}] if body.instructions is not None else []
             chat = chat_request(body, system + before, e.tok)
+            lp = wants_logprobs(body)
         except Bad as err:
             raise path.error(400, str(err), err.param) from err
         rp, call, ids = await asyncio.to_thread(path.render, e, chat, "input")
-        sp = path.params(e, chat, len(ids), body.max_output_tokens, False, 0, "input", "max_output_tokens")
+        top = body.top_logprobs or 0
+        sp = path.params(e, chat, len(ids), body.max_output_tokens, lp, top, "input", "max_output_tokens")
         flight = await path.start(e, [ids], sp, chat, call)
         rid = item_id("resp")
         resp = shell(body, rid, flight.created)
         if body.stream:
             path.count(request.url.path, 200)
-            return Stream(flight, stream(flight, rp, body, resp, before), media_type="text/event-stream")
+            return Stream(flight, stream(flight, rp, body, resp, before, lp), media_type="text/event-stream")
         got = await outcome(request, flight)
         if got is None:
             path.count(request.url.path, 499)
@@ -411,7 +432,10 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
                              "server_error" if st >= 500 else "invalid_request_error")  # fmt: skip
         split = ChoiceSplit(rp, fragments=False)
         out = Output()
-        out.feed(split.feed(got.texts[0], [t.offset for t in got.toks[0]], end=True))
+        items = split.feed(got.texts[0], [t.offset for t in got.toks[0]], end=True)
+        if lp:
+            out.logprobs(chat_logprobs(e.tok, split.answer_tokens(got.toks[0]))["content"])
+        out.feed(items)
         cut = got.finish[0] == "length"
         out.finish(cut)
         done = finished(resp, out, cut, usage_of(flight.usage(), split))
@@ -420,7 +444,7 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
         return done
 
     async def stream(flight: Flight, rp: ReplyPlan, body: ResponsesRequest, resp: dict[str, Any],
-                     before: list[dict[str, Any]]) -> AsyncIterator[str]:  # fmt: skip
+                     before: list[dict[str, Any]], lp: bool) -> AsyncIterator[str]:  # fmt: skip
         out = Output()
         split = ChoiceSplit(rp)
         out.event("response.created", response=resp)
@@ -438,7 +462,10 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
                     for x in out.drain():
                         yield sse(x, x["type"])
                     return
-                out.feed(split.feed(ev.text, [t.offset for t in ev.tokens], ev.finish is not None))
+                items = split.feed(ev.text, [t.offset for t in ev.tokens], ev.finish is not None)
+                if lp:
+                    out.logprobs(chat_logprobs(path.eng().tok, split.answer_tokens(ev.tokens))["content"])
+                out.feed(items)
                 cut = ev.finish == "length"
                 for x in out.drain():
                     yield sse(x, x["type"])

@@ -8,7 +8,7 @@ order and sequence numbers; deltas that join to the final text; ``client.respons
 (and none with thinking off), function calls and a tool round trip (with ``previous_response_id`` and with the
 whole list sent back), forced ``tool_choice``, a reply cut by ``max_output_tokens``, ``previous_response_id``
 reading only the new tokens through the prompt cache, ``store``, GET and DELETE, the input items listed and
-paged, the 400s / 404s, and a
+paged, logprobs of the answer's tokens (the chat endpoint's own), the 400s / 404s, and a
 bounded fuzz run (fixed seed) that must find no 5xx and no 4xx without its field.
 """
 
@@ -358,6 +358,45 @@ def test_kept_responses_are_bounded() -> None:
     assert none.get("a") is None
 
 
+def test_logprobs_are_the_answers_tokens_chats_own(qwen: Served, client: openai.OpenAI, say: Any) -> None:
+    tok = qwen[2]
+    say(THOUGHT + "Two plus three is 5.")
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASK}], logprobs=True,
+                                          top_logprobs=2)  # fmt: skip
+    every = chat.choices[0].logprobs
+    assert every is not None and every.content is not None
+    # The reasoning's tokens have none; the answer's are the chat endpoint's own, alternatives included (values
+    # to float32 rounding: a later request may read its prompt from the prompt cache).
+    want = every.content[n_tokens(tok, THOUGHT.rstrip()) :]
+    assert len(want) >= n_tokens(tok, "Two plus three is 5.") and all(len(e.top_logprobs) == 2 for e in want)
+
+    def same(got: Any, ref: Any = want) -> None:
+        assert [(e.token, [t.token for t in e.top_logprobs or []]) for e in got] == \
+            [(e.token, [t.token for t in e.top_logprobs]) for e in ref]  # fmt: skip
+        assert [e.logprob for e in got] == pytest.approx([e.logprob for e in ref], abs=1e-4)
+        assert [t.logprob for e in got for t in e.top_logprobs or []] == \
+            pytest.approx([t.logprob for e in ref for t in e.top_logprobs], abs=1e-4)  # fmt: skip
+
+    r = client.responses.create(model=MODEL, input=ASK, include=["message.output_text.logprobs"], top_logprobs=2)
+    rs, msg = r.output
+    assert rs.type == "reasoning" and msg.type == "message" and msg.content[0].type == "output_text"
+    same(msg.content[0].logprobs)
+    assert [e.bytes for e in msg.content[0].logprobs] == [e.bytes for e in want]
+    assert "".join(e.token for e in msg.content[0].logprobs).strip().startswith("Two plus three is 5.")
+    # Streamed: each delta carries the tokens its text came from (a last token without text, the end of turn, only
+    # the done event), the done event all of them.
+    evs = events_of(client, input=ASK, include=["message.output_text.logprobs"], top_logprobs=2)
+    streamed = [e for d in evs if d.type == "response.output_text.delta" for e in d.logprobs]
+    assert len(want) - 1 <= len(streamed) <= len(want)
+    same(streamed, want[: len(streamed)])
+    [done] = [e for e in evs if e.type == "response.output_text.done"]
+    same(done.logprobs)
+    same(evs[-1].response.output[1].content[0].logprobs)
+    # Without include: none.
+    plain = client.responses.create(model=MODEL, input=ASK)
+    assert plain.output[1].content[0].logprobs == [] and plain.output_text == r.output_text
+
+
 def test_bad_values_are_400s(qwen: Served) -> None:
     url = qwen[0]
     nested = {"type": "function", "function": {"name": "add"}}
@@ -397,6 +436,11 @@ def test_bad_values_are_400s(qwen: Served) -> None:
         ({"background": True},
          "background responses are not supported: every response is answered in its request; leave background out",
          "background"),
+        ({"include": ["reasoning.encrypted_content"]},
+         "include[0] 'reasoning.encrypted_content' is not supported: this server runs function tools only and can "
+         "include 'message.output_text.logprobs'", "include"),
+        ({"top_logprobs": 21}, "invalid request: top_logprobs: Input should be less than or equal to 20",
+         "top_logprobs"),
         ({"max_output_tokens": 5000},
          "This model's maximum context length is 1024 tokens; the prompt has 9 and max_output_tokens asks for 5000 "
          "more. Lower max_output_tokens to at most 1015.", "max_output_tokens"),
