@@ -421,7 +421,8 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
         resp = shell(body, rid, flight.created)
         if body.stream:
             path.count(request.url.path, 200)
-            return Stream(flight, stream(flight, rp, body, resp, before, lp), media_type="text/event-stream")
+            lp_tok = e.tok if lp else None
+            return Stream(flight, stream(flight, rp, body, resp, before, lp_tok), media_type="text/event-stream")
         got = await outcome(request, flight)
         if got is None:
             path.count(request.url.path, 499)
@@ -444,7 +445,8 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
         return done
 
     async def stream(flight: Flight, rp: ReplyPlan, body: ResponsesRequest, resp: dict[str, Any],
-                     before: list[dict[str, Any]], lp: bool) -> AsyncIterator[str]:  # fmt: skip
+                     before: list[dict[str, Any]], lp_tok: Any) -> AsyncIterator[str]:  # fmt: skip
+        """The stream's events (``lp_tok``: the tokenizer when the answer's logprobs are asked for, else None)."""
         out = Output()
         split = ChoiceSplit(rp)
         out.event("response.created", response=resp)
@@ -463,8 +465,8 @@ def add_responses(app: FastAPI, opts: ServeOptions, path: ChatPath) -> Kept:
                         yield sse(x, x["type"])
                     return
                 items = split.feed(ev.text, [t.offset for t in ev.tokens], ev.finish is not None)
-                if lp:
-                    out.logprobs(chat_logprobs(path.eng().tok, split.answer_tokens(ev.tokens))["content"])
+                if lp_tok is not None:
+                    out.logprobs(chat_logprobs(lp_tok, split.answer_tokens(ev.tokens))["content"])
                 out.feed(items)
                 cut = ev.finish == "length"
                 for x in out.drain():

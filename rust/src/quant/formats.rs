@@ -1,5 +1,5 @@
 //! The weight formats: `Format`, the table every layer reads (block sizes, packed bytes, bits, names;
-//! exported through the ABI as `kwk_abi()`'s "quant" list, which `kwker_torch/decoder/plan.py` reads),
+//! exported through the ABI as `kwker_decoder_abi()`'s "quant" list, which `kwker_torch/decoder/plan.py` reads),
 //! and one file per family of formats with its values, layout and quantizer:
 //! - `formats/q8.rs`: Q8 and Q80 (8-bit codes under one scale per 64 or 32 values);
 //! - `formats/q4.rs`: Q4, Q40 and Q50 (4- and 5-bit codes per 32 values, llama.cpp's Q4_1 / Q4_0 / Q5_0 class);
