@@ -229,7 +229,7 @@ pub unsafe extern "C" fn kwker_decoder_set(
         let imp = (!importance.is_null()).then(|| unsafe { raw_slice(importance, cols) });
         let store = match store {
             "as_given" => Store::AsGiven,
-            q => match Format::ALL.into_iter().find(|f| f.name() == q) {
+            q => match Format::from_name(q) {
                 Some(f) => Store::Quant(f, imp),
                 None => {
                     return Err(format!(
@@ -357,15 +357,12 @@ pub unsafe extern "C" fn kwker_quant_grid(
 }
 
 fn quant_format(name: &str) -> Result<Format, String> {
-    Format::ALL
-        .into_iter()
-        .find(|f| f.name() == name)
-        .ok_or_else(|| {
-            format!(
-                "unknown quantized format {name:?}; expected one of {:?}",
-                Format::ALL.map(Format::name)
-            )
-        })
+    Format::from_name(name).ok_or_else(|| {
+        format!(
+            "unknown quantized format {name:?}; expected one of {:?}",
+            Format::ALL.map(Format::name)
+        )
+    })
 }
 
 /// Copies one saved packed matrix (its format's name as `kwker_decoder_export` reported it) into a

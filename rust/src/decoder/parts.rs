@@ -103,10 +103,7 @@ pub fn from_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Vec<QuantWei
     for _ in 0..count.min(rows) {
         let len = take(1)?[0] as usize;
         let name = String::from_utf8_lossy(take(len)?).into_owned();
-        let f = Format::ALL
-            .into_iter()
-            .find(|f| f.name() == name)
-            .ok_or_else(|| bad(&format!("unknown format {name:?}")))?;
+        let f = Format::from_name(&name).ok_or_else(|| bad(&format!("unknown format {name:?}")))?;
         let n = u64_at(take(8)?);
         let len = u64_at(take(8)?);
         parts.push(QuantWeight::from_packed(f, n, cols, take(len)?.to_vec()).map_err(|e| bad(&e))?);

@@ -143,6 +143,11 @@ impl Format {
         }
     }
 
+    /// The format named `name` (`name`'s inverse), if any.
+    pub fn from_name(name: &str) -> Option<Format> {
+        Format::ALL.into_iter().find(|f| f.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Format::Q8 => "q8",
