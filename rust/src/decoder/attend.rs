@@ -117,7 +117,14 @@ pub fn sublayer(
         },
     );
     for (qkv, row) in b.qkv.chunks_exact(qkvw).zip(rows) {
-        cache.write(row.slot, l, row.index, &qkv[qw..qw + kvw], &qkv[qw + kvw..]);
+        cache.write(
+            isa,
+            row.slot,
+            l,
+            row.index,
+            &qkv[qw..qw + kvw],
+            &qkv[qw + kvw..],
+        );
     }
     let params = AttnParams {
         scale: spec.attn_scale,

@@ -21,6 +21,7 @@
 use super::kv_store::KvStore;
 use super::recipe::{Limits, Recipe};
 use crate::attention::KvView;
+use crate::isa::Isa;
 
 /// Keys older than a window that a windowed layer keeps, so a slot can be truncated back by up to
 /// this many tokens past its window: a step's rejected drafts (`lookup::MAX_DRAFT`).
@@ -179,8 +180,10 @@ impl KvCache {
         }
     }
 
-    /// Writes the K and V rows of one position (each [kv_heads * head_dim], head-major).
-    pub fn write(&mut self, slot: usize, l: usize, index: usize, k: &[f32], v: &[f32]) {
+    /// Writes the K and V rows of one position (each [kv_heads * head_dim], head-major); `isa` picks the
+    /// tier of an int8 cache's quantizer (the same bits on every tier).
+    #[allow(clippy::too_many_arguments)]
+    pub fn write(&mut self, isa: Isa, slot: usize, l: usize, index: usize, k: &[f32], v: &[f32]) {
         let d = self.head_dim;
         let head = self.head_len(l);
         let k0 = self.layers[l].offset;
@@ -189,8 +192,8 @@ impl KvCache {
         let at0 = (index - s.base[l]) * d;
         for h in 0..self.kv_heads {
             let at = h * head + at0;
-            s.kv.write_row(k0 + at, &k[h * d..(h + 1) * d]);
-            s.kv.write_row(v0 + at, &v[h * d..(h + 1) * d]);
+            s.kv.write_row(isa, k0 + at, &k[h * d..(h + 1) * d]);
+            s.kv.write_row(isa, v0 + at, &v[h * d..(h + 1) * d]);
         }
     }
 

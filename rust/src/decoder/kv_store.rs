@@ -8,9 +8,11 @@
 
 use std::ops::Range;
 
+use super::kv_q8;
 use super::recipe::KvFormat;
 use crate::attention::{KvView, View4};
 use crate::bf16::{f32_to_bf16, Bf16};
+use crate::isa::Isa;
 
 /// Values whose all-zero bit pattern is a valid zero (what `zeroed` may hand out).
 trait ZeroBits: Copy {}
@@ -54,8 +56,9 @@ impl KvStore {
         })
     }
 
-    /// Stores the row `x` at offset `at` (a multiple of `x.len()`).
-    pub fn write_row(&mut self, at: usize, x: &[f32]) {
+    /// Stores the row `x` at offset `at` (a multiple of `x.len()`); `isa` picks the int8 quantizer's
+    /// tier (every tier gives the same bits: `kv_q8`).
+    pub fn write_row(&mut self, isa: Isa, at: usize, x: &[f32]) {
         let d = x.len();
         match self {
             KvStore::F32(v) => v[at..at + d].copy_from_slice(x),
@@ -65,13 +68,7 @@ impl KvStore {
                 }
             }
             KvStore::Q8 { codes, scales } => {
-                let amax = x.iter().fold(0.0f32, |m, y| m.max(y.abs()));
-                let scale = amax / 127.0;
-                let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-                for (o, &y) in codes[at..at + d].iter_mut().zip(x) {
-                    *o = (y * inv).round().clamp(-127.0, 127.0) as i8;
-                }
-                scales[at / d] = scale;
+                scales[at / d] = kv_q8::quantize_row(isa, x, &mut codes[at..at + d]);
             }
         }
     }

@@ -18,6 +18,8 @@ use crate::par::{chunk_ranges, run_tasks, Parallel};
 
 /// Below this many multiply-adds per task, splitting further costs more than it saves.
 const MIN_MACS_PER_TASK: usize = 1 << 17;
+/// From this many rows a linear is split finer than one task per thread (`Tier::chunks`).
+const PROMPT_ROWS: usize = 4;
 
 type PanelFn = unsafe fn(&Job<'_>, Range<usize>);
 pub(super) type QuantizeFn = unsafe fn(&[f32], ActsOut);
@@ -60,9 +62,10 @@ impl Tier {
     /// `MIN_MACS_PER_TASK` multiply-adds, each a multiple of `panel_align` panels.
     fn chunks(&self, par: &dyn Parallel, job: &Job<'_>) -> Vec<Range<usize>> {
         let (m, n, k) = (job.m, job.w.n, job.w.k);
-        let want = par
-            .num_threads()
-            .clamp(1, (m * n * k / MIN_MACS_PER_TASK).max(1));
+        // Prompts: 4 tasks per runner thread, so the region's tail (the last task, while the other
+        // thread waits) is a sixteenth of it instead of a quarter.
+        let per = if m >= PROMPT_ROWS { 4 } else { 1 };
+        let want = (per * par.num_threads()).clamp(1, (m * n * k / MIN_MACS_PER_TASK).max(1));
         chunk_ranges(n.div_ceil(QPANEL), want, self.panel_align(job.w, m))
     }
 
