@@ -89,8 +89,9 @@ pub fn sublayer(
     let rope = tables
         .get(spec.rope)
         .map(|t| (*t, model.ropes[spec.rope].half));
-    // Clip, q/k norm and rotary row by row (a prompt's rows split among the threads), then K/V into
-    // the cache.
+    // Clip, q/k norm and rotary row by row (a prompt's rows split among the threads), and each row's
+    // K/V into the cache where it was computed.
+    let kv = cache.layer_writer(l);
     rows_mut(
         par,
         &mut b.qkv[..m * qkvw],
@@ -113,19 +114,13 @@ pub fn sublayer(
                     let (cos, sin) = t.at(row.pos, half);
                     ops::rope(&mut qkv[..qw + kvw], r.heads + r.kv_heads, d, cos, sin);
                 }
+                let (k, v) = (&qkv[qw..qw + kvw], &qkv[qw + kvw..]);
+                // SAFETY: a window's rows are distinct (slot, index) positions, each in one chunk.
+                unsafe { kv.write(isa, row.slot, row.index, k, v) };
             }
         },
     );
-    for (qkv, row) in b.qkv.chunks_exact(qkvw).zip(rows) {
-        cache.write(
-            isa,
-            row.slot,
-            l,
-            row.index,
-            &qkv[qw..qw + kvw],
-            &qkv[qw + kvw..],
-        );
-    }
+    drop(kv);
     let params = AttnParams {
         scale: spec.attn_scale,
         softcap: r.attn_softcap,

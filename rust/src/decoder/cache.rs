@@ -18,7 +18,7 @@
 //! before a moved-out key; `min_len` says how far back it can go, and both verbs refuse beyond it.
 //! Each slot also keeps the tokens it holds (for prefix reuse by later callers).
 
-use super::kv_store::KvStore;
+use super::kv_store::{KvStore, RowWriter};
 use super::recipe::{Limits, Recipe};
 use crate::attention::KvView;
 use crate::isa::Isa;
@@ -180,20 +180,25 @@ impl KvCache {
         }
     }
 
-    /// Writes the K and V rows of one position (each [kv_heads * head_dim], head-major); `isa` picks the
-    /// tier of an int8 cache's quantizer (the same bits on every tier).
-    #[allow(clippy::too_many_arguments)]
-    pub fn write(&mut self, isa: Isa, slot: usize, l: usize, index: usize, k: &[f32], v: &[f32]) {
-        let d = self.head_dim;
-        let head = self.head_len(l);
+    /// Layer `l`'s writer of K and V rows that several threads may use at once, each on its own rows
+    /// (`LayerWriter::write`): a prompt's rows are written where they are computed.
+    pub fn layer_writer(&mut self, l: usize) -> LayerWriter<'_> {
+        let (d, head) = (self.head_dim, self.head_len(l));
         let k0 = self.layers[l].offset;
-        let v0 = k0 + self.kv_heads * head;
-        let s = &mut self.slots[slot];
-        let at0 = (index - s.base[l]) * d;
-        for h in 0..self.kv_heads {
-            let at = h * head + at0;
-            s.kv.write_row(isa, k0 + at, &k[h * d..(h + 1) * d]);
-            s.kv.write_row(isa, v0 + at, &v[h * d..(h + 1) * d]);
+        let kv_heads = self.kv_heads;
+        let (bases, stores) = self
+            .slots
+            .iter_mut()
+            .map(|s| (s.base[l], s.kv.row_writer()))
+            .unzip();
+        LayerWriter {
+            stores,
+            bases,
+            k0,
+            v0: k0 + kv_heads * head,
+            head,
+            d,
+            kv_heads,
         }
     }
 
@@ -296,5 +301,39 @@ impl KvCache {
             from.next_pos - (have - len)
         };
         Ok(())
+    }
+}
+
+/// One layer's K/V rows of every slot, writable from several threads (`KvCache::layer_writer`).
+pub struct LayerWriter<'a> {
+    stores: Vec<RowWriter<'a>>,
+    /// Each slot's cache index held at position 0 of this layer.
+    bases: Vec<usize>,
+    k0: usize,
+    v0: usize,
+    head: usize,
+    d: usize,
+    kv_heads: usize,
+}
+
+impl LayerWriter<'_> {
+    /// Writes the K and V rows of one position (each [kv_heads * head_dim], head-major); `isa` picks
+    /// the tier of an int8 cache's quantizer (the same bits on every tier). Panics (never UB) on a slot or index outside the cache.
+    ///
+    /// # Safety
+    /// No other call writes the same (slot, index) while this one runs.
+    pub unsafe fn write(&self, isa: Isa, slot: usize, index: usize, k: &[f32], v: &[f32]) {
+        let d = self.d;
+        let at0 = (index - self.bases[slot]) * d;
+        assert!(
+            at0 < self.head,
+            "kv index {index} past the layer's capacity"
+        );
+        for h in 0..self.kv_heads {
+            let at = h * self.head + at0;
+            // SAFETY: (slot, index) is this call's alone (the caller's contract), so are its rows.
+            self.stores[slot].write(isa, self.k0 + at, &k[h * d..(h + 1) * d]);
+            self.stores[slot].write(isa, self.v0 + at, &v[h * d..(h + 1) * d]);
+        }
     }
 }

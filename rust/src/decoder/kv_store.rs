@@ -6,6 +6,7 @@
 //! `scale = max|x| / 127`, `code = round(x / scale)` (a zero row: scale 0, codes 0), read back as
 //! `scale * code` (`attention::KvView`). Moves and copies keep the stored bits.
 
+use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::kv_q8;
@@ -13,6 +14,7 @@ use super::recipe::KvFormat;
 use crate::attention::{KvView, View4};
 use crate::bf16::{f32_to_bf16, Bf16};
 use crate::isa::Isa;
+use crate::par::SyncPtr;
 
 /// Values whose all-zero bit pattern is a valid zero (what `zeroed` may hand out).
 trait ZeroBits: Copy {}
@@ -56,20 +58,20 @@ impl KvStore {
         })
     }
 
-    /// Stores the row `x` at offset `at` (a multiple of `x.len()`); `isa` picks the int8 quantizer's
-    /// tier (every tier gives the same bits: `kv_q8`).
-    pub fn write_row(&mut self, isa: Isa, at: usize, x: &[f32]) {
-        let d = x.len();
-        match self {
-            KvStore::F32(v) => v[at..at + d].copy_from_slice(x),
-            KvStore::Bf16(v) => {
-                for (o, &y) in v[at..at + d].iter_mut().zip(x) {
-                    *o = Bf16(f32_to_bf16(y));
-                }
-            }
-            KvStore::Q8 { codes, scales } => {
-                scales[at / d] = kv_q8::quantize_row(isa, x, &mut codes[at..at + d]);
-            }
+    /// A handle through which several threads may store disjoint rows at once (`RowWriter::write`).
+    pub fn row_writer(&mut self) -> RowWriter<'_> {
+        let raw = match self {
+            KvStore::F32(v) => Raw::F32(SyncPtr(v.as_mut_ptr()), v.len()),
+            KvStore::Bf16(v) => Raw::Bf16(SyncPtr(v.as_mut_ptr()), v.len()),
+            KvStore::Q8 { codes, scales } => Raw::Q8 {
+                codes: SyncPtr(codes.as_mut_ptr()),
+                scales: SyncPtr(scales.as_mut_ptr()),
+                len: codes.len(),
+            },
+        };
+        RowWriter {
+            raw,
+            _store: PhantomData,
         }
     }
 
@@ -132,6 +134,59 @@ impl KvStore {
                         strides: [strides[0] / d, strides[1] / d, strides[2] / d, 1],
                     },
                 }
+            }
+        }
+    }
+}
+
+/// The store's buffers as raw pointers (and their lengths in values).
+enum Raw {
+    F32(SyncPtr<f32>, usize),
+    Bf16(SyncPtr<Bf16>, usize),
+    Q8 {
+        codes: SyncPtr<i8>,
+        scales: SyncPtr<f32>,
+        len: usize,
+    },
+}
+
+/// Stores rows into a `KvStore`, from several threads at once, each row at its own offset; holds the
+/// store mutably borrowed while it lives.
+pub struct RowWriter<'a> {
+    raw: Raw,
+    _store: PhantomData<&'a mut KvStore>,
+}
+
+impl RowWriter<'_> {
+    /// Stores the row `x` at offset `at` (a multiple of `x.len()`) in the store's format (the module's
+    /// contract; `isa` picks the int8 quantizer's tier, the same bits on every tier). Panics (never UB)
+    /// when the row does not fit.
+    ///
+    /// # Safety
+    /// No other call may write or read the same row (offsets at..at + x.len()) while this one runs.
+    pub unsafe fn write(&self, isa: Isa, at: usize, x: &[f32]) {
+        let d = x.len();
+        let fits = |len: usize| at.checked_add(d).is_some_and(|e| e <= len) && d > 0;
+        match &self.raw {
+            Raw::F32(p, len) => {
+                assert!(fits(*len), "kv row {at}+{d} outside the cache");
+                // SAFETY: inside the buffer (asserted) and this row is ours alone (the caller's contract).
+                let dst = std::slice::from_raw_parts_mut(p.get().add(at), d);
+                dst.copy_from_slice(x);
+            }
+            Raw::Bf16(p, len) => {
+                assert!(fits(*len), "kv row {at}+{d} outside the cache");
+                // SAFETY: as above.
+                let dst = std::slice::from_raw_parts_mut(p.get().add(at), d);
+                for (o, &y) in dst.iter_mut().zip(x) {
+                    *o = Bf16(f32_to_bf16(y));
+                }
+            }
+            Raw::Q8 { codes, scales, len } => {
+                assert!(fits(*len), "kv row {at}+{d} outside the cache");
+                // SAFETY: as above; the row's scale at at / d is its own (one scale per row of d).
+                let dst = std::slice::from_raw_parts_mut(codes.get().add(at), d);
+                *scales.get().add(at / d) = kv_q8::quantize_row(isa, x, dst);
             }
         }
     }
