@@ -4,9 +4,10 @@
 //!
 //! - `recipe`: the composition as data; `tensors`: the one table of tensor names and shapes;
 //!   `weights`: the owned tensors; `builder`: tensors in by name, checked; `cache`: per-slot KV
-//!   cache (`kv_store`: one slot's values, `kv_q8`: its int8 rows); `rope`: rotary tables; `norm`, `ops`: pointwise parts; `forward` (the step), `layer`
-//!   (one layer as the recipe composes it), `attend` (the attention sub-layer); `sample` and
-//!   `generate`: the native loop; `lookup`: prompt-lookup drafts.
+//!   cache (`kv_store`: one slot's values, `kv_q8`: its int8 rows); `rope`: rotary tables; `norm`,
+//!   `ops`: pointwise parts; `forward` (the step), `layer` (one layer as the recipe composes it),
+//!   `attend` (the attention sub-layer); `sample` and `generate`: the native loop; `lookup`:
+//!   prompt-lookup drafts.
 //! - Slots are llama.cpp-style sequences: each holds its tokens and their K/V; a step appends tokens
 //!   to several slots at once (prompt chunks and single decode tokens mixed), `truncate` drops a
 //!   suffix (rejected speculative tokens), `copy_prefix` shares a prefix between slots.

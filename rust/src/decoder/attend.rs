@@ -120,7 +120,6 @@ pub fn sublayer(
             }
         },
     );
-    drop(kv);
     let params = AttnParams {
         scale: spec.attn_scale,
         softcap: r.attn_softcap,

@@ -318,7 +318,8 @@ pub struct LayerWriter<'a> {
 
 impl LayerWriter<'_> {
     /// Writes the K and V rows of one position (each [kv_heads * head_dim], head-major); `isa` picks
-    /// the tier of an int8 cache's quantizer (the same bits on every tier). Panics (never UB) on a slot or index outside the cache.
+    /// the tier of an int8 cache's quantizer (the same bits on every tier). Panics (never UB) on a slot
+    /// or index outside the cache.
     ///
     /// # Safety
     /// No other call writes the same (slot, index) while this one runs.

@@ -127,11 +127,10 @@ mod tests {
                     .collect(),
             );
         }
-        // 127 and -127 / 2^k multiples hit exact halves after the scaling.
-        rows.push((0..64).map(|i| (i as f32 - 32.0) * 0.5).collect());
+        // A max of 127 makes the scale 1: every k + 0.5 is an exact half, either sign.
         rows.push(
-            (0..64)
-                .map(|i| (i as f32 - 32.0) * 127.0 / 32.0 + 0.5)
+            std::iter::once(127.0)
+                .chain((0..63).map(|i| i as f32 - 31.5))
                 .collect(),
         );
         rows.push(vec![0.0; 64]);
