@@ -166,24 +166,27 @@ impl RowWriter<'_> {
     /// No other call may write or read the same row (offsets at..at + x.len()) while this one runs.
     pub unsafe fn write(&self, isa: Isa, at: usize, x: &[f32]) {
         let d = x.len();
-        let fits = |len: usize| at.checked_add(d).is_some_and(|e| e <= len) && d > 0;
+        let len = match &self.raw {
+            Raw::F32(_, len) | Raw::Bf16(_, len) | Raw::Q8 { len, .. } => *len,
+        };
+        assert!(
+            d > 0 && at.checked_add(d).is_some_and(|e| e <= len),
+            "kv row {at}+{d} outside the cache of {len} values"
+        );
         match &self.raw {
-            Raw::F32(p, len) => {
-                assert!(fits(*len), "kv row {at}+{d} outside the cache");
+            Raw::F32(p, _) => {
                 // SAFETY: inside the buffer (asserted) and this row is ours alone (the caller's contract).
                 let dst = std::slice::from_raw_parts_mut(p.get().add(at), d);
                 dst.copy_from_slice(x);
             }
-            Raw::Bf16(p, len) => {
-                assert!(fits(*len), "kv row {at}+{d} outside the cache");
+            Raw::Bf16(p, _) => {
                 // SAFETY: as above.
                 let dst = std::slice::from_raw_parts_mut(p.get().add(at), d);
                 for (o, &y) in dst.iter_mut().zip(x) {
                     *o = Bf16(f32_to_bf16(y));
                 }
             }
-            Raw::Q8 { codes, scales, len } => {
-                assert!(fits(*len), "kv row {at}+{d} outside the cache");
+            Raw::Q8 { codes, scales, .. } => {
                 // SAFETY: as above; the row's scale at at / d is its own (one scale per row of d).
                 let dst = std::slice::from_raw_parts_mut(codes.get().add(at), d);
                 *scales.get().add(at / d) = kv_q8::quantize_row(isa, x, dst);
