@@ -44,7 +44,7 @@ mod weight;
 mod superblock;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows;
 #[cfg(target_arch = "x86_64")]

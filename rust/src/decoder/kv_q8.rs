@@ -20,9 +20,9 @@ pub fn quantize_row(isa: Isa, x: &[f32], codes: &mut [i8]) -> f32 {
         "kv_q8: row and codes differ in length"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && isa.is_supported() {
-        // SAFETY: the tier is supported, so the CPU has AVX2 (every tier from Avx2 up implies it);
-        // the lengths were checked above.
+    if isa >= Isa::Avx2 && isa.is_supported() && crate::quant::avx2::usable() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (the quantized linears' AVX2 tier, whose packing and
+        // max this borrows); the lengths were checked above.
         return unsafe { avx2::quantize_row(x, codes) };
     }
     let _ = isa;
@@ -55,11 +55,13 @@ fn code(y: f32, inv: f32) -> i8 {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use crate::quant::avx2::{hmax, pack_codes};
+
     /// `quantize_row_scalar`, 32 values a step (the rest scalar).
     ///
     /// # Safety
-    /// The CPU has AVX2; `codes.len() == x.len()`.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU has AVX2, FMA and F16C; `codes.len() == x.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn quantize_row(x: &[f32], codes: &mut [i8]) -> f32 {
         let n = x.len();
         let main = n / 32 * 32;
@@ -71,12 +73,7 @@ mod avx2 {
         for i in (0..main).step_by(8) {
             m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(p.add(i)), abs_mask), m);
         }
-        let mut lanes = [0.0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-        let amax = x[main..]
-            .iter()
-            .chain(&lanes)
-            .fold(0.0f32, |m, y| m.max(y.abs()));
+        let amax = x[main..].iter().fold(hmax(m), |m, y| m.max(y.abs()));
         let (scale, inv) = super::scale_inv(amax);
         let iv = _mm256_set1_ps(inv);
         let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
@@ -95,12 +92,8 @@ mod avx2 {
             let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(y, y));
             _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
         };
-        // packs interleave 128-bit lanes: [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7] in 32-bit units.
-        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         for i in (0..main).step_by(32) {
-            let [a, b, c, d] = [0, 8, 16, 24].map(|o| round(_mm256_loadu_ps(p.add(i + o))));
-            let packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-            let v = _mm256_permutevar8x32_epi32(packed, order);
+            let v = pack_codes([0, 8, 16, 24].map(|o| round(_mm256_loadu_ps(p.add(i + o)))));
             _mm256_storeu_si256(codes.as_mut_ptr().add(i).cast(), v);
         }
         for (o, &y) in codes[main..].iter_mut().zip(&x[main..]) {
@@ -116,7 +109,8 @@ mod tests {
     use crate::isa;
 
     /// Every tier against the scalar reference, bit for bit: lengths on both sides of a step of 32,
-    /// exact halves (which round away from zero), the clamp, zero rows, NaN and infinity.
+    /// exact halves (which round away from zero), the clamp (infinite products too), zero rows, NaN and
+    /// infinity.
     #[test]
     fn every_tier_equals_the_scalar_reference() {
         let mut rows: Vec<Vec<f32>> = Vec::new();
@@ -134,6 +128,8 @@ mod tests {
                 .collect(),
         );
         rows.push(vec![0.0; 64]);
+        // A subnormal max: 1 / scale overflows, the products are infinite and clamp to +-127.
+        rows.push((0..64).map(|i| (i as f32 - 31.0) * 1e-41).collect());
         let mut nan = rows[5].clone();
         nan[3] = f32::NAN;
         nan[40] = f32::NAN;

@@ -46,7 +46,7 @@ pub fn usable() -> bool {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) unsafe fn hmax(v: __m256) -> f32 {
+pub(crate) unsafe fn hmax(v: __m256) -> f32 {
     let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
@@ -56,7 +56,7 @@ pub(super) unsafe fn hmax(v: __m256) -> f32 {
 /// 32 i32 codes packed to bytes in k order, clamped to [-127, 127] (packs saturates to [-128, 127]).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn pack_codes(c: [__m256i; 4]) -> __m256i {
+pub(crate) unsafe fn pack_codes(c: [__m256i; 4]) -> __m256i {
     // packs works within 128-bit lanes; the permute restores k order.
     let w16 = _mm256_packs_epi16(
         _mm256_packs_epi32(c[0], c[1]),
