@@ -21,12 +21,15 @@ mod block;
 mod generic;
 mod kv_view;
 mod operands;
+mod scores_q8;
 mod stamp;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_q8;
 
 use crate::bf16::Element;
 use crate::isa::Isa;
@@ -92,6 +95,8 @@ impl<'a, E> View4<'a, E> {
 
 /// Per-ISA primitives used by `block::attend` (every tier exports these names).
 pub(crate) struct Ops {
+    /// The tier these are (for the helpers outside this module it calls, such as `row_q8`).
+    pub isa: Isa,
     /// The scores `QkArgs` describes.
     pub qk: unsafe fn(QkArgs<'_>),
     /// The weighted sums `PvArgs` describes: the tier's one-row `pv` (acc[..d] += sum_s p[s] *
@@ -105,13 +110,18 @@ pub(crate) struct Ops {
     pub widen_q8: unsafe fn(&[i8], f32, &mut [f32]),
     /// x[i] = tanh(x[i] / cap) * cap.
     pub softcap: unsafe fn(&mut [f32], f32),
+    /// Integer scores against an 8-bit cache (`scores_q8`), where the tier has them; the others sum
+    /// the same codes with `qk`, to the same bits.
+    pub qk_q8: Option<unsafe fn(scores_q8::QkQ8Args<'_>)>,
 }
 
 /// The `Ops` of tier module `$tier` (its attention kernels and `vmath`'s soft-cap of the same tier).
 /// The scalar tier's safe functions coerce to the `unsafe fn` pointers.
 macro_rules! tier_ops {
-    ($tier:ident) => {
+    ($isa:expr, $tier:ident, $qk_q8:expr) => {
         Ops {
+            isa: $isa,
+            qk_q8: $qk_q8,
             qk: $tier::qk,
             pv_rows: $tier::pv_rows,
             exp_sum: $tier::exp_sum,
@@ -126,10 +136,13 @@ impl Ops {
     fn of(isa: Isa) -> Ops {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 | Isa::Amx => tier_ops!(avx512),
+            Isa::Avx512 | Isa::Amx => {
+                let int = avx512_q8::usable().then_some(avx512_q8::qk_q8 as _);
+                tier_ops!(isa, avx512, int)
+            }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::AvxVnni => tier_ops!(avx2),
-            _ => tier_ops!(generic),
+            Isa::Avx2 | Isa::AvxVnni => tier_ops!(isa, avx2, None),
+            _ => tier_ops!(isa, generic, None),
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! - `recipe`: the composition as data; `tensors`: the one table of tensor names and shapes;
 //!   `weights`: the owned tensors; `builder`: tensors in by name, checked; `cache`: per-slot KV
-//!   cache (`kv_store`: one slot's values, `kv_q8`: its int8 rows); `rope`: rotary tables; `norm`,
+//!   cache (`kv_store`: one slot's values, rows quantized by `quant::row_q8`); `rope`: rotary tables; `norm`,
 //!   `ops`: pointwise parts; `forward` (the step), `layer` (one layer as the recipe composes it),
 //!   `attend` (the attention sub-layer); `sample` and `generate`: the native loop; `lookup`:
 //!   prompt-lookup drafts.
@@ -22,7 +22,6 @@ pub mod cache;
 pub mod ctx;
 pub mod forward;
 pub mod generate;
-pub mod kv_q8;
 pub mod kv_store;
 pub mod layer;
 pub mod linear;

@@ -59,6 +59,7 @@ mod formats;
 pub mod gguf;
 pub mod grid;
 pub mod kblock;
+pub mod row_q8;
 
 pub(crate) use acts::{block_scale, ActsOut};
 pub use acts::{quantize_activations, quantize_block, BlockCodes, QActs, LO};

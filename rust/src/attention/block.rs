@@ -16,9 +16,11 @@
 use std::ops::Range;
 
 use super::kv_view::{kv_rows_f32, rows_f32, KvView};
+use super::scores_q8::{self, QRows, MAX_INT_D};
 use super::{AttnParams, Ops, PvArgs, QkArgs, View4};
 use crate::bf16::{bf16_to_f32, classify, f32_to_bf16, Element};
 use crate::par::SyncPtr;
+use crate::quant::row_q8;
 use crate::scratch::with_scratch;
 
 /// Keys per chunk: 64 keys x 128 dims x 4 bytes = 32 KB, inside L1.
@@ -85,9 +87,19 @@ pub(crate) unsafe fn attend<E: Element>(
     let qd = classify(q.data);
     // The torch op's bf16 attention rounds the numerators (below); a bf16 cache under f32 queries does not.
     let round_p = v.is_bf16_elem();
-    let len = 2 * rows * d + rows * nkeys + KEY_CHUNK * d + 2 * rows;
+    // An 8-bit cache's keys score against the queries' own int8 codes (`scores_q8`).
+    let int_keys = match k {
+        KvView::Q8 { codes, scales } if d <= MAX_INT_D => Some((codes, scales)),
+        _ => None,
+    };
+    let len = 2 * rows * d + rows * nkeys + KEY_CHUNK * d + 2 * rows + rows * (d.div_ceil(4) + 1);
     with_scratch(len, |buf| {
-        let (qbuf, rest) = buf.split_at_mut(rows * d);
+        let (qcodes, rest) = buf.split_at_mut(rows * d.div_ceil(4));
+        // SAFETY: rows * d bytes inside the rows * ceil(d / 4) floats just split off, which nothing
+        // else borrows; i8 has no alignment or validity requirement.
+        let qcodes = std::slice::from_raw_parts_mut(qcodes.as_mut_ptr().cast::<i8>(), rows * d);
+        let (qscales, rest) = rest.split_at_mut(rows);
+        let (qbuf, rest) = rest.split_at_mut(rows * d);
         let (acc, rest) = rest.split_at_mut(rows * d);
         let (scores, rest) = rest.split_at_mut(rows * nkeys);
         let (chunk, stats) = rest.split_at_mut(KEY_CHUNK * d);
@@ -102,11 +114,34 @@ pub(crate) unsafe fn attend<E: Element>(
             }
         }
 
+        if int_keys.is_some() {
+            for (r, s) in qscales.iter_mut().enumerate() {
+                let at = r * d..(r + 1) * d;
+                *s = row_q8::quantize_row(ops.isa, &qbuf[at.clone()], &mut qcodes[at]);
+            }
+            if ops.qk_q8.is_none() {
+                for (o, &c) in qbuf.iter_mut().zip(qcodes.iter()) {
+                    *o = c as f32;
+                }
+            }
+        }
+
         // Scores. Rows masked for part of a chunk get harmless extra entries past their
         // visible length, which nothing reads.
         for s0 in (ks..ke).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(ke - s0);
             let r0 = first_row(s0);
+            if let Some((codes, scales)) = int_keys {
+                let q = QRows {
+                    codes: qcodes,
+                    scales: qscales,
+                    as_f32: qbuf,
+                };
+                let at = (job.b, job.kv_head, s0, n);
+                let dst = &mut scores[r0 * nkeys + (s0 - ks)..];
+                scores_q8::chunk_scores(ops, &q, r0, codes, scales, at, chunk, dst, nkeys);
+                continue;
+            }
             let (kc, ldk) = kv_rows_f32(ops, k, job.b, job.kv_head, s0, n, chunk);
             (ops.qk)(QkArgs {
                 q: &qbuf[r0 * d..rows * d],

@@ -9,12 +9,12 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
-use super::kv_q8;
 use super::recipe::KvFormat;
 use crate::attention::{KvView, View4};
 use crate::bf16::{f32_to_bf16, Bf16};
 use crate::isa::Isa;
 use crate::par::SyncPtr;
+use crate::quant::row_q8;
 
 /// Values whose all-zero bit pattern is a valid zero (what `zeroed` may hand out).
 trait ZeroBits: Copy {}
@@ -189,7 +189,7 @@ impl RowWriter<'_> {
             Raw::Q8 { codes, scales, .. } => {
                 // SAFETY: as above; the row's scale at at / d is its own (one scale per row of d).
                 let dst = std::slice::from_raw_parts_mut(codes.get().add(at), d);
-                *scales.get().add(at / d) = kv_q8::quantize_row(isa, x, dst);
+                *scales.get().add(at / d) = row_q8::quantize_row(isa, x, dst);
             }
         }
     }

@@ -1,7 +1,8 @@
-//! One row of the 8-bit KV cache quantized (`kv_store::KvStore::Q8`): the scalar reference and an AVX2
-//! tier that gives the same bits. A prompt writes every K and V row of every layer through here (the
-//! 135M's 512-token prompt: 5.9 M values), serially on the calling thread, so the libm `roundf` per
-//! value of the scalar loop cost ~5 % of the prompt (perf, Xeon, 2026-12-07).
+//! One f32 row quantized to int8 codes under one scale: the rows of the decoder's 8-bit KV cache
+//! (`decoder::kv_store::KvStore::Q8`) and the query rows that score against them (`attention`'s integer
+//! scores). The scalar reference and an AVX2 tier that gives the same bits: a 512-token prompt of the
+//! 135M quantizes 5.9 M cache values, and the libm `roundf` per value of the scalar loop cost ~5 % of it
+//! (perf, Xeon, 2026-12-07).
 //!
 //! Numerical contract: `scale = max|x| / 127` (NaN values ignored by the max), `inv = 1 / scale` (0 for
 //! a zero scale), `code = clamp(round(x * inv), -127, 127)` with round half away from zero, and a NaN

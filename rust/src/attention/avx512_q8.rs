@@ -1,0 +1,208 @@
+//! AVX-512 VNNI scores against an 8-bit cache (`scores_q8::QkQ8Args`): the chunk's keys are transposed
+//! into lanes (16 keys to a vector, 4 consecutive head dims of each key to a lane: the layout
+//! `vpdpbusd` multiplies against one broadcast group of 4 query codes), then every query row costs
+//! d / 4 `vpdpbusd` per 16 keys and no horizontal sums. `vpdpbusd` multiplies unsigned by signed bytes:
+//! the query codes go in biased by 128 and the keys' code sums (one `vpdpbusd` against ones per lane
+//! group) remove the bias, so the i32 sums are the exact products of the signed codes.
+//!
+//! Numerical contract: the scalar reference's bits (exact i32 sums; then `(isum as f32 * qs) * ks`, two
+//! IEEE products in that order).
+
+use std::arch::x86_64::*;
+
+use super::avx512::lanes;
+use super::scores_q8::QkQ8Args;
+
+/// Keys and head dims one call handles (a key chunk of `block::KEY_CHUNK`; the largest head size
+/// among the families, Gemma 3's 256).
+pub(crate) const TILE_KEYS: usize = 64;
+pub(crate) const TILE_D: usize = 256;
+/// Lane groups (of 4 dims) per key block in the tile.
+const GROUPS: usize = TILE_D / 4;
+
+/// Whether this CPU runs the kernel.
+pub(crate) fn usable() -> bool {
+    crate::isa::Isa::Avx512.cpu_has() && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+#[repr(C, align(64))]
+struct Tile([__m512i; TILE_KEYS / 16 * GROUPS]);
+
+/// 16 x 16 transpose of 32-bit elements: out[c] lane j = rows[j] lane c.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+#[inline]
+fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
+    // Within each 128-bit lane: 4 x 4 transposes of 32-bit elements across rows 4i..4i+4.
+    let t: [__m512i; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i & 1 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    // u[4m + j] holds, in 128-bit lane L, element 4L + j of rows 4m..4m+4.
+    let u: [__m512i; 16] = std::array::from_fn(|i| {
+        let (m, j) = (i / 4, i % 4);
+        let (a, b) = (t[4 * m + (j & 2) / 2], t[4 * m + 2 + (j & 2) / 2]);
+        if j & 1 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    let mut out = [_mm512_setzero_si512(); 16];
+    for j in 0..4 {
+        let v = _mm512_shuffle_i32x4::<0x88>(u[j], u[4 + j]);
+        let w = _mm512_shuffle_i32x4::<0xDD>(u[j], u[4 + j]);
+        let x = _mm512_shuffle_i32x4::<0x88>(u[8 + j], u[12 + j]);
+        let y = _mm512_shuffle_i32x4::<0xDD>(u[8 + j], u[12 + j]);
+        out[j] = _mm512_shuffle_i32x4::<0x88>(v, x);
+        out[8 + j] = _mm512_shuffle_i32x4::<0xDD>(v, x);
+        out[4 + j] = _mm512_shuffle_i32x4::<0x88>(w, y);
+        out[12 + j] = _mm512_shuffle_i32x4::<0xDD>(w, y);
+    }
+    out
+}
+
+/// The scores `args` describes.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and VNNI (`usable`); keys <= TILE_KEYS, d <= TILE_D.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+pub unsafe fn qk_q8(args: QkQ8Args<'_>) {
+    if !args.has_work() {
+        return;
+    }
+    let QkQ8Args {
+        q,
+        qs,
+        rows,
+        k,
+        ldk,
+        ks,
+        keys,
+        d,
+        scores,
+        lds,
+    } = args;
+    assert!(
+        keys <= TILE_KEYS && d <= TILE_D,
+        "qk_q8: {keys} keys of {d} dims exceed the tile"
+    );
+    let nb = keys.div_ceil(16);
+    let groups = d.div_ceil(4);
+    // Tile block kb, group g: lane j = dims 4g..4g+4 of key 16 kb + j (zeros past d and past the keys,
+    // so they add nothing whatever the query's bytes there).
+    let mut tile = Tile([_mm512_setzero_si512(); TILE_KEYS / 16 * GROUPS]);
+    let mut bias = [_mm512_setzero_si512(); TILE_KEYS / 16];
+    let ones = _mm512_set1_epi8(1);
+    for (kb, bias_kb) in bias.iter_mut().enumerate().take(nb) {
+        for c in 0..d.div_ceil(64) {
+            let width = (d - 64 * c).min(64);
+            let mask: __mmask64 = if width == 64 { !0 } else { (1u64 << width) - 1 };
+            let rows16: [__m512i; 16] = std::array::from_fn(|j| {
+                let s = 16 * kb + j;
+                if s < keys {
+                    // SAFETY: key s < keys starts at s * ldk and has d codes (has_work); the mask
+                    // reads only dims 64c..64c + width < d.
+                    _mm512_maskz_loadu_epi8(mask, k.as_ptr().add(s * ldk + 64 * c).cast())
+                } else {
+                    _mm512_setzero_si512()
+                }
+            });
+            let cols = transpose16(&rows16);
+            for (i, col) in cols.iter().enumerate() {
+                if 16 * c + i < groups {
+                    tile.0[kb * GROUPS + 16 * c + i] = *col;
+                }
+            }
+        }
+        // bias = -128 * (sum of each key's codes): what the +128 on the query codes adds.
+        let mut sum = _mm512_setzero_si512();
+        for g in 0..groups {
+            sum = _mm512_dpbusd_epi32(sum, ones, tile.0[kb * GROUPS + g]);
+        }
+        *bias_kb = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
+    }
+
+    // Query codes biased by 128, in rows of TILE_D bytes (past d: never multiplied by a nonzero key).
+    let mut biased = [0u8; 4 * TILE_D];
+    let mut r = 0;
+    while r < rows {
+        let n = (rows - r).min(4);
+        for i in 0..n {
+            for (o, &c) in biased[i * TILE_D..i * TILE_D + d]
+                .iter_mut()
+                .zip(&q[(r + i) * d..])
+            {
+                *o = (c as u8) ^ 0x80;
+            }
+        }
+        let tile_ptr = tile.0.as_ptr();
+        let qb = biased.as_ptr();
+        let out = scores.as_mut_ptr().add(r * lds);
+        let (qsr, ksp) = (&qs[r..r + n], ks.as_ptr());
+        macro_rules! go {
+            ($r:literal) => {
+                match nb {
+                    1 => block::<$r, 1>(qb, tile_ptr, groups, &bias, qsr, ksp, keys, out, lds),
+                    2 => block::<$r, 2>(qb, tile_ptr, groups, &bias, qsr, ksp, keys, out, lds),
+                    3 => block::<$r, 3>(qb, tile_ptr, groups, &bias, qsr, ksp, keys, out, lds),
+                    _ => block::<$r, 4>(qb, tile_ptr, groups, &bias, qsr, ksp, keys, out, lds),
+                }
+            };
+        }
+        match n {
+            1 => go!(1),
+            2 => go!(2),
+            3 => go!(3),
+            _ => go!(4),
+        }
+        r += n;
+    }
+}
+
+/// R query rows against NB blocks of 16 keys: R x NB accumulators, each group of 4 dims one tile load
+/// per block and one broadcast per row.
+///
+/// # Safety
+/// As `qk_q8`; `qb` holds R rows of TILE_D bytes, `tile` NB blocks of GROUPS vectors, `ks` the keys'
+/// scales (keys of them), `out` R rows of stride `lds` with room for `keys` scores each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<const R: usize, const NB: usize>(
+    qb: *const u8,
+    tile: *const __m512i,
+    groups: usize,
+    bias: &[__m512i; TILE_KEYS / 16],
+    qs: &[f32],
+    ks: *const f32,
+    keys: usize,
+    out: *mut f32,
+    lds: usize,
+) {
+    let mut acc = [[_mm512_setzero_si512(); NB]; R];
+    for row in acc.iter_mut() {
+        row.copy_from_slice(&bias[..NB]);
+    }
+    for g in 0..groups {
+        let t: [__m512i; NB] = std::array::from_fn(|kb| *tile.add(kb * GROUPS + g));
+        for (i, row) in acc.iter_mut().enumerate() {
+            let b = _mm512_set1_epi32((qb.add(i * TILE_D + 4 * g) as *const i32).read_unaligned());
+            for (a, &tv) in row.iter_mut().zip(&t) {
+                *a = _mm512_dpbusd_epi32(*a, b, tv);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        let qsv = _mm512_set1_ps(qs[i]);
+        for (kb, &a) in row.iter().enumerate() {
+            let m = lanes(keys.saturating_sub(16 * kb));
+            let ksv = _mm512_maskz_loadu_ps(m, ks.add(16 * kb));
+            let v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), qsv), ksv);
+            _mm512_mask_storeu_ps(out.add(i * lds + 16 * kb), m, v);
+        }
+    }
+}
