@@ -23,9 +23,12 @@ mod kv_view;
 mod operands;
 mod scores_q8;
 mod stamp;
+mod values_q8;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_q8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -113,15 +116,18 @@ pub(crate) struct Ops {
     /// Integer scores against an 8-bit cache (`scores_q8`), where the tier has them; the others sum
     /// the same codes with `qk`, to the same bits.
     pub qk_q8: Option<unsafe fn(scores_q8::QkQ8Args<'_>)>,
+    /// Weighted sums of an 8-bit cache's values (`values_q8`), the same bits in every tier.
+    pub pv_q8: unsafe fn(values_q8::PvQ8Args<'_>),
 }
 
 /// The `Ops` of tier module `$tier` (its attention kernels and `vmath`'s soft-cap of the same tier).
 /// The scalar tier's safe functions coerce to the `unsafe fn` pointers.
 macro_rules! tier_ops {
-    ($isa:expr, $tier:ident, $qk_q8:expr) => {
+    ($isa:expr, $tier:ident, $qk_q8:expr, $pv_q8:expr) => {
         Ops {
             isa: $isa,
             qk_q8: $qk_q8,
+            pv_q8: $pv_q8,
             qk: $tier::qk,
             pv_rows: $tier::pv_rows,
             exp_sum: $tier::exp_sum,
@@ -137,12 +143,18 @@ impl Ops {
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 | Isa::Amx => {
-                let int = avx512_q8::usable().then_some(avx512_q8::qk_q8 as _);
-                tier_ops!(isa, avx512, int)
+                let vnni = avx512_q8::usable();
+                let qk_q8 = vnni.then_some(avx512_q8::qk_q8 as _);
+                let pv_q8 = if vnni {
+                    avx512_q8::pv_q8
+                } else {
+                    avx2_q8::pv_q8
+                };
+                tier_ops!(isa, avx512, qk_q8, pv_q8)
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::AvxVnni => tier_ops!(isa, avx2, None),
-            _ => tier_ops!(isa, generic, None),
+            Isa::Avx2 | Isa::AvxVnni => tier_ops!(isa, avx2, None, avx2_q8::pv_q8),
+            _ => tier_ops!(isa, generic, None, values_q8::pv_q8),
         }
     }
 }

@@ -1,17 +1,23 @@
-//! AVX-512 VNNI scores against an 8-bit cache (`scores_q8::QkQ8Args`): the chunk's keys are transposed
+//! AVX-512 VNNI attention over an 8-bit cache. Scores (`scores_q8::QkQ8Args`): the chunk's keys are transposed
 //! into lanes (16 keys to a vector, 4 consecutive head dims of each key to a lane: the layout
 //! `vpdpbusd` multiplies against one broadcast group of 4 query codes), then every query row costs
 //! d / 4 `vpdpbusd` per 16 keys and no horizontal sums. `vpdpbusd` multiplies unsigned by signed bytes:
 //! the query codes go in biased by 128 and the keys' code sums (one `vpdpbusd` against ones per lane
 //! group) remove the bias, so the i32 sums are the exact products of the signed codes.
 //!
-//! Numerical contract: the scalar reference's bits (exact i32 sums; then `(isum as f32 * qs) * ks`, two
-//! IEEE products in that order).
+//! Weighted sums (`values_q8::PvQ8Args`): `vpdpwssd` on value codes widened to i16 and interleaved by key
+//! pairs, against broadcast pairs of the weights' 15-bit codes.
+//!
+//! Numerical contract: the scalar references' bits (exact i32 sums; then `(isum as f32 * qs) * ks` for
+//! scores and `acc + isum as f32 * ws` for sums, IEEE operations in that order).
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
 
+use super::avx2_q8::weights;
 use super::avx512::lanes;
 use super::scores_q8::QkQ8Args;
+use super::values_q8::{PvQ8Args, CHUNK, MAX_D};
 
 /// Keys and head dims one call handles (a key chunk of `block::KEY_CHUNK`; the largest head size
 /// among the families, Gemma 3's 256).
@@ -25,8 +31,9 @@ pub(crate) fn usable() -> bool {
     crate::isa::Isa::Avx512.cpu_has() && std::arch::is_x86_feature_detected!("avx512vnni")
 }
 
-#[repr(C, align(64))]
-struct Tile([__m512i; TILE_KEYS / 16 * GROUPS]);
+/// Tile entries (`__m512i` is 64-byte aligned) left uninitialised: zeroing 16-32 KB per call cost more than
+/// a decode step's scores. Every entry a kernel reads it has written first.
+type Tile<const N: usize> = [MaybeUninit<__m512i>; N];
 
 /// 16 x 16 transpose of 32-bit elements: out[c] lane j = rows[j] lane c.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
@@ -94,7 +101,9 @@ pub unsafe fn qk_q8(args: QkQ8Args<'_>) {
     let groups = d.div_ceil(4);
     // Tile block kb, group g: lane j = dims 4g..4g+4 of key 16 kb + j (zeros past d and past the keys,
     // so they add nothing whatever the query's bytes there).
-    let mut tile = Tile([_mm512_setzero_si512(); TILE_KEYS / 16 * GROUPS]);
+    // Entries kb < nb, g < groups are written here and only those are read.
+    let mut tile: Tile<{ TILE_KEYS / 16 * GROUPS }> =
+        [MaybeUninit::uninit(); TILE_KEYS / 16 * GROUPS];
     let mut bias = [_mm512_setzero_si512(); TILE_KEYS / 16];
     let ones = _mm512_set1_epi8(1);
     for (kb, bias_kb) in bias.iter_mut().enumerate().take(nb) {
@@ -114,14 +123,14 @@ pub unsafe fn qk_q8(args: QkQ8Args<'_>) {
             let cols = transpose16(&rows16);
             for (i, col) in cols.iter().enumerate() {
                 if 16 * c + i < groups {
-                    tile.0[kb * GROUPS + 16 * c + i] = *col;
+                    tile[kb * GROUPS + 16 * c + i] = MaybeUninit::new(*col);
                 }
             }
         }
         // bias = -128 * (sum of each key's codes): what the +128 on the query codes adds.
         let mut sum = _mm512_setzero_si512();
         for g in 0..groups {
-            sum = _mm512_dpbusd_epi32(sum, ones, tile.0[kb * GROUPS + g]);
+            sum = _mm512_dpbusd_epi32(sum, ones, tile[kb * GROUPS + g].assume_init());
         }
         *bias_kb = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(sum));
     }
@@ -139,7 +148,8 @@ pub unsafe fn qk_q8(args: QkQ8Args<'_>) {
                 *o = (c as u8) ^ 0x80;
             }
         }
-        let tile_ptr = tile.0.as_ptr();
+        // Reads only the entries written above (kb < nb, g < groups).
+        let tile_ptr = tile.as_ptr().cast::<__m512i>();
         let qb = biased.as_ptr();
         let out = scores.as_mut_ptr().add(r * lds);
         let (qsr, ksp) = (&qs[r..r + n], ks.as_ptr());
@@ -203,6 +213,153 @@ unsafe fn block<const R: usize, const NB: usize>(
             let ksv = _mm512_maskz_loadu_ps(m, ks.add(16 * kb));
             let v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), qsv), ksv);
             _mm512_mask_storeu_ps(out.add(i * lds + 16 * kb), m, v);
+        }
+    }
+}
+
+/// Value tile of `pv_q8`: key pair j, 32-dim group g, half h at [(j * VGROUPS + g) * 2 + h].
+const VGROUPS: usize = MAX_D / 32;
+const VTILE: usize = CHUNK / 2 * VGROUPS * 2;
+
+/// The weighted sums `values_q8::PvQ8Args` describes, with `vpdpwssd`: value codes widened to i16 and
+/// interleaved by key pairs, four rows at a time sharing each tile load; the weights' codes are the
+/// AVX2 tier's (`avx2_q8::weights`).
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VL/DQ and VNNI (`usable`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+pub unsafe fn pv_q8(args: PvQ8Args<'_>) {
+    if !args.has_work() {
+        return;
+    }
+    let PvQ8Args {
+        p,
+        lds,
+        seen,
+        v,
+        ldv,
+        vs,
+        keys,
+        d,
+        acc,
+    } = args;
+    let (pairs, groups) = (keys.div_ceil(2), d.div_ceil(32));
+    // Entries j < pairs, g < groups are written here and only those are read.
+    let mut tile: Tile<VTILE> = [MaybeUninit::uninit(); VTILE];
+    for j in 0..pairs {
+        for g in 0..groups {
+            let width = (d - 32 * g).min(32);
+            let mask: __mmask32 = if width == 32 { !0 } else { (1u32 << width) - 1 };
+            let row = |s: usize| {
+                if s < keys {
+                    // SAFETY: key s < keys has d codes from s * ldv (has_work); the mask reads only
+                    // dims 32g..32g + width <= d.
+                    let b = _mm256_maskz_loadu_epi8(mask, v.as_ptr().add(s * ldv + 32 * g).cast());
+                    _mm512_cvtepi8_epi16(b)
+                } else {
+                    _mm512_setzero_si512()
+                }
+            };
+            let (a, b) = (row(2 * j), row(2 * j + 1));
+            let at = (j * VGROUPS + g) * 2;
+            tile[at] = MaybeUninit::new(_mm512_unpacklo_epi16(a, b));
+            tile[at + 1] = MaybeUninit::new(_mm512_unpackhi_epi16(a, b));
+        }
+    }
+    let rows = seen.len();
+    let mut r = 0;
+    while r < rows {
+        let n = (rows - r).min(4);
+        let mut codes = [[0i16; CHUNK]; 4];
+        let mut ws = [0.0f32; 4];
+        let (mut j0, mut j1) = (usize::MAX, 0);
+        for i in 0..n {
+            let (from, to) = seen[r + i];
+            if from < to {
+                ws[i] = weights(p.as_ptr().add((r + i) * lds), vs, (from, to), &mut codes[i]);
+                j0 = j0.min(from / 2);
+                j1 = j1.max(to.div_ceil(2));
+            }
+        }
+        if ws.iter().any(|&w| w > 0.0) {
+            let out = acc.as_mut_ptr().add(r * d);
+            let mut g = 0;
+            while g < groups {
+                let two = groups - g >= 2;
+                macro_rules! go {
+                    ($r:literal) => {
+                        if two {
+                            vblock::<$r, 2>(&tile, &codes, &ws, (j0, j1), g, out, d)
+                        } else {
+                            vblock::<$r, 1>(&tile, &codes, &ws, (j0, j1), g, out, d)
+                        }
+                    };
+                }
+                match n {
+                    1 => go!(1),
+                    2 => go!(2),
+                    3 => go!(3),
+                    _ => go!(4),
+                }
+                g += if two { 2 } else { 1 };
+            }
+        }
+        r += n;
+    }
+}
+
+/// R rows' sums for G 32-dim groups from g0 over key pairs j0..j1, added into the rows of `out`
+/// (stride d) whose scale is positive.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+#[inline]
+unsafe fn vblock<const R: usize, const G: usize>(
+    tile: &Tile<VTILE>,
+    codes: &[[i16; CHUNK]; 4],
+    ws: &[f32; 4],
+    (j0, j1): (usize, usize),
+    g0: usize,
+    out: *mut f32,
+    d: usize,
+) {
+    let mut s = [[[_mm512_setzero_si512(); 2]; G]; R];
+    for j in j0..j1 {
+        let t: [[__m512i; 2]; G] = std::array::from_fn(|g| {
+            let at = (j * VGROUPS + g0 + g) * 2;
+            // Written by `pv_q8` for every pair and group this reads.
+            [tile[at].assume_init(), tile[at + 1].assume_init()]
+        });
+        for (i, si) in s.iter_mut().enumerate() {
+            // Keys 2j and 2j + 1's codes: the low and high halves of each 32-bit lane.
+            let b =
+                _mm512_set1_epi32((codes[i].as_ptr().add(2 * j) as *const i32).read_unaligned());
+            for (sg, tg) in si.iter_mut().zip(&t) {
+                sg[0] = _mm512_dpwssd_epi32(sg[0], b, tg[0]);
+                sg[1] = _mm512_dpwssd_epi32(sg[1], b, tg[1]);
+            }
+        }
+    }
+    // Lane (L, i) of half 0 holds dim 8L + i, of half 1 dim 8L + 4 + i: back to dim order.
+    let idx = [
+        _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
+        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31),
+    ];
+    for (i, si) in s.iter().enumerate() {
+        if ws[i] <= 0.0 {
+            continue;
+        }
+        let wsv = _mm512_set1_ps(ws[i]);
+        for (g, sg) in si.iter().enumerate() {
+            for (k, ix) in idx.iter().enumerate() {
+                let dim = 32 * (g0 + g) + 16 * k;
+                if dim >= d {
+                    break;
+                }
+                let part = _mm512_permutex2var_epi32(sg[0], *ix, sg[1]);
+                let m = lanes(d - dim);
+                let o = out.add(i * d + dim);
+                let add = _mm512_mul_ps(_mm512_cvtepi32_ps(part), wsv);
+                _mm512_mask_storeu_ps(o, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), add));
+            }
         }
     }
 }

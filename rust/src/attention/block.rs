@@ -17,7 +17,8 @@ use std::ops::Range;
 
 use super::kv_view::{kv_rows_f32, rows_f32, KvView};
 use super::scores_q8::{self, QRows, MAX_INT_D};
-use super::{AttnParams, Ops, PvArgs, QkArgs, View4};
+use super::values_q8::{self, PvQ8Args};
+use super::{AttnParams, Ops, PvArgs, QkArgs, View4, MAX_ROWS};
 use crate::bf16::{bf16_to_f32, classify, f32_to_bf16, Element};
 use crate::par::SyncPtr;
 use crate::quant::row_q8;
@@ -92,6 +93,15 @@ pub(crate) unsafe fn attend<E: Element>(
         KvView::Q8 { codes, scales } if d <= MAX_INT_D => Some((codes, scales)),
         _ => None,
     };
+    // And its values weight the numerators' 15-bit codes (`values_q8`).
+    let int_values = match v {
+        KvView::Q8 { codes, scales } if d <= values_q8::MAX_D => Some((codes, scales)),
+        _ => None,
+    };
+    assert!(
+        rows <= MAX_ROWS,
+        "attention: {rows} rows exceed a task's {MAX_ROWS}"
+    );
     let len = 2 * rows * d + rows * nkeys + KEY_CHUNK * d + 2 * rows + rows * (d.div_ceil(4) + 1);
     with_scratch(len, |buf| {
         let (qcodes, rest) = buf.split_at_mut(rows * d.div_ceil(4));
@@ -184,7 +194,41 @@ pub(crate) unsafe fn attend<E: Element>(
 
         // Weighted sum of V rows; each row's accumulator lives in registers per chunk.
         acc.fill(0.0);
-        for s0 in (ks..ke).step_by(KEY_CHUNK) {
+        if let Some((codes, scales)) = int_values {
+            // Chunks at multiples of KEY_CHUNK positions (the codes' grouping depends on them).
+            let mut seen_in = [(0usize, 0usize); MAX_ROWS];
+            let mut vs = [0.0f32; KEY_CHUNK];
+            for c in (ks / KEY_CHUNK..ke.div_ceil(KEY_CHUNK)).map(|c| c * KEY_CHUNK) {
+                let (a0, e0) = (c.max(ks), (c + KEY_CHUNK).min(ke));
+                let (c0, n, r0) = (a0 - ks, e0.saturating_sub(a0), first_row(a0));
+                if n == 0 {
+                    continue;
+                }
+                for (r, o) in (r0..rows).zip(seen_in.iter_mut()) {
+                    let (from, to) = seen(r);
+                    let (a, b) = (from.max(c0), to.min(c0 + n));
+                    *o = if a < b { (a - c0, b - c0) } else { (0, 0) };
+                }
+                vs.fill(0.0);
+                for (i, o) in vs[..n].iter_mut().enumerate() {
+                    *o = scales.data[scales.offset(job.b, job.kv_head, a0 + i)];
+                }
+                let off = codes.offset(job.b, job.kv_head, a0);
+                let ldv = codes.strides[2];
+                (ops.pv_q8)(PvQ8Args {
+                    p: &scores[r0 * nkeys + c0..],
+                    lds: nkeys,
+                    seen: &seen_in[..rows - r0],
+                    v: &codes.data[off..off + (n - 1) * ldv + d],
+                    ldv,
+                    vs: &vs,
+                    keys: n,
+                    d,
+                    acc: &mut acc[r0 * d..rows * d],
+                });
+            }
+        }
+        for s0 in (ks..ke).step_by(KEY_CHUNK).filter(|_| int_values.is_none()) {
             let n = KEY_CHUNK.min(ke - s0);
             let (vc, ldv) = kv_rows_f32(ops, v, job.b, job.kv_head, s0, n, chunk);
             let c0 = s0 - ks; // this chunk's keys, relative to ks: c0..c0 + n
