@@ -27,6 +27,26 @@ pub(crate) static KERNELS: Kernels = Kernels {
 const MR_PACKED: usize = 8;
 const MR: usize = 6;
 
+/// `acc + a . broadcast(*x)` (`vpdpbusd` with the 4 activation bytes at `x` as an embedded `{1to16}`
+/// broadcast): written as assembly because LLVM otherwise hoists a packed tile's broadcasts out of the
+/// sub-block loop and, past its registers, spills them to the stack and reloads them (a 5- to 7-row q4k
+/// tile ran at half the 8-row tile's rate, `quant_hot`). Same instruction, same exact i32 sums.
+///
+/// Safety: used only inside this file's `avx512vnni` functions; `x` points at 4 readable bytes.
+macro_rules! dpbusd_bcast {
+    ($acc:expr, $a:expr, $x:expr) => {{
+        let mut acc: __m512i = $acc;
+        std::arch::asm!(
+            "vpdpbusd {acc}, {a}, dword ptr [{x}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) $a,
+            x = in(reg) $x,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        acc
+    }};
+}
+
 /// Q6K's high bits of code vector `v` moved to bits 4-5 of each byte: vector v's bits are `2 (v % 4)` of
 /// its byte; 16-bit shifts move the neighbouring byte's bits only into positions the 0x30 mask drops.
 #[inline(always)]
@@ -164,17 +184,24 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
                     let lo_second = KIND == Q6K16 && g >= 2;
                     let hi_second = if KIND == Q6K16 { g >= 2 } else { PACKED };
                     for p in 0..P {
-                        let (a, x) = (lo[p], bx(xr));
+                        // One panel: each broadcast feeds one `vpdpbusd`, as its memory operand.
+                        let dot = |acc: __m512i, a: __m512i, x: *const i8| {
+                            if P == 1 {
+                                // SAFETY: this function has avx512vnni; x is in the tile's activation row.
+                                dpbusd_bcast!(acc, a, x)
+                            } else {
+                                _mm512_dpbusd_epi32(acc, a, bx(x))
+                            }
+                        };
                         if lo_second {
-                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], a, x);
+                            acc2[r][p] = dot(acc2[r][p], lo[p], xr);
                         } else {
-                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], a, x);
+                            acc[r][p] = dot(acc[r][p], lo[p], xr);
                         }
-                        let (a, x) = (hi[p], bx(xr.add(4)));
                         if hi_second {
-                            acc2[r][p] = _mm512_dpbusd_epi32(acc2[r][p], a, x);
+                            acc2[r][p] = dot(acc2[r][p], hi[p], xr.add(4));
                         } else {
-                            acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], a, x);
+                            acc[r][p] = dot(acc[r][p], hi[p], xr.add(4));
                         }
                     }
                 }
