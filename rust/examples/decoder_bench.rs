@@ -371,6 +371,7 @@ fn main() {
         );
     }
     if only_batch {
+        println!("pool stalls: {}", pool.stalls());
         return;
     }
     // Prompt of 512 tokens.
