@@ -33,6 +33,8 @@ mod avx2_q8;
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q8;
+#[cfg(target_arch = "x86_64")]
+mod avxvnni_q8;
 
 use crate::bf16::Element;
 use crate::isa::Isa;
@@ -153,7 +155,11 @@ impl Ops {
                 tier_ops!(isa, avx512, qk_q8, pv_q8)
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 | Isa::AvxVnni => tier_ops!(isa, avx2, None, avx2_q8::pv_q8),
+            Isa::Avx2 | Isa::AvxVnni => {
+                let vnni = isa == Isa::AvxVnni && avxvnni_q8::usable();
+                let qk_q8 = vnni.then_some(avxvnni_q8::real::qk_q8 as _);
+                tier_ops!(isa, avx2, qk_q8, avx2_q8::pv_q8)
+            }
             _ => tier_ops!(isa, generic, None, values_q8::pv_q8),
         }
     }

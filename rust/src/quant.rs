@@ -52,7 +52,7 @@ mod avx2_unpack;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
-mod avxvnni;
+pub(crate) mod avxvnni;
 mod f16;
 mod fit;
 mod formats;

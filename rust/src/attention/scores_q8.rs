@@ -178,12 +178,24 @@ mod tests {
         for tier in isa::supported() {
             let mut float_path = Ops::of(tier);
             let has_int = float_path.qk_q8.is_some();
-            if tier == isa::Isa::Avx512 {
-                // The integer kernel runs wherever the CPU has it (this test then covers it).
-                assert_eq!(has_int, crate::attention::avx512_q8::usable());
+            // The integer kernels run wherever the CPU has them (this test then covers them).
+            #[cfg(target_arch = "x86_64")]
+            match tier {
+                isa::Isa::Avx512 => assert_eq!(has_int, crate::attention::avx512_q8::usable()),
+                isa::Isa::AvxVnni => {
+                    assert_eq!(has_int, crate::attention::avxvnni_q8::usable())
+                }
+                _ => {}
             }
             float_path.qk_q8 = None;
-            let ops = [Some(Ops::of(tier)), has_int.then_some(float_path)];
+            let mut ops = vec![Some(Ops::of(tier)), has_int.then_some(float_path)];
+            // The AVX-VNNI kernel's layout through its exact emulation, on any AVX2 CPU.
+            #[cfg(target_arch = "x86_64")]
+            if tier == isa::Isa::Avx2 {
+                let mut emulated = Ops::of(tier);
+                emulated.qk_q8 = Some(crate::attention::avxvnni_q8::emulated::qk_q8 as _);
+                ops.push(Some(emulated));
+            }
             for ops in ops.iter().flatten() {
                 for d in [1, 4, 6, 62, 64, 80, 96, 128, 130, 256] {
                     for keys in [1, 15, 16, 17, 33, 63, 64] {
