@@ -2,7 +2,7 @@
 //! prompt step on the decoder's own pool, next to the same GEMVs run alone and a plain read-bandwidth
 //! loop, so the gap between "the step" and "the weights it reads" can be split into its parts.
 //!
-//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|0.6b|1.7b] [threads] [bf16|q8|q4|q4k] [steps [prompt]]`
+//! Run: `cargo run --release -p kwker-kernels --example decoder_bench [135m|360m|0.5b|0.6b|1.7b] [threads] [bf16|q8|q8_0|q4|q4k] [steps [prompt]]`
 //! (q8/q4/q4k: every layer matrix quantized, the tied embedding/lm_head as q8, or q6k beside q4k as int4 stores it).
 //! The KV cache is each precision's default in `KwkDecoder` (int4 q8, int8 bf16, float f32).
 //! Rates are bytes of weights per second (the memory-bound quantity) and tokens per second.
@@ -219,6 +219,7 @@ fn main() {
     let pool = SpinPool::new(threads);
     let format = match args.get(3).map(String::as_str) {
         Some("q8") => Some(Format::Q8),
+        Some("q8_0") => Some(Format::Q80),
         Some("q4") => Some(Format::Q4),
         Some("q4k") => Some(Format::Q4K),
         _ => None,
