@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
 use super::avx512::lanes;
-use super::scores_q8::QkQ8Args;
+use super::scores_q8::{bias_rows, QkQ8Args};
 use super::values_q8::{PvQ8Args, CHUNK, MAX_D, WMAX};
 
 /// Keys and head dims one call handles (a key chunk of `block::KEY_CHUNK`; the largest head size
@@ -139,14 +139,7 @@ pub unsafe fn qk_q8(args: QkQ8Args<'_>) {
     let mut r = 0;
     while r < rows {
         let n = (rows - r).min(4);
-        for i in 0..n {
-            for (o, &c) in biased[i * TILE_D..i * TILE_D + d]
-                .iter_mut()
-                .zip(&q[(r + i) * d..])
-            {
-                *o = (c as u8) ^ 0x80;
-            }
-        }
+        bias_rows(q, d, (r, n), &mut biased, TILE_D);
         // Reads only the entries written above (kb < nb, g < groups).
         let tile_ptr = tile.as_ptr().cast::<__m512i>();
         let qb = biased.as_ptr();

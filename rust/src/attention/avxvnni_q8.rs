@@ -75,7 +75,7 @@ macro_rules! qk_kernels {
         use std::mem::MaybeUninit;
 
         use super::{lanes8, transpose8, BLOCKS, GROUPS, TILE_D, TILE_KEYS};
-        use crate::attention::scores_q8::QkQ8Args;
+        use crate::attention::scores_q8::{bias_rows, QkQ8Args};
 
         /// The scores `args` describes.
         ///
@@ -149,14 +149,7 @@ macro_rules! qk_kernels {
             let mut r = 0;
             while r < rows {
                 let n = (rows - r).min(4);
-                for i in 0..n {
-                    for (o, &c) in biased[i * TILE_D..i * TILE_D + d]
-                        .iter_mut()
-                        .zip(&q[(r + i) * d..])
-                    {
-                        *o = (c as u8) ^ 0x80;
-                    }
-                }
+                bias_rows(q, d, (r, n), &mut biased, TILE_D);
                 let qb = biased.as_ptr();
                 let out = scores.as_mut_ptr().add(r * lds);
                 let qsr = &qs[r..r + n];

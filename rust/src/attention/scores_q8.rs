@@ -61,6 +61,24 @@ impl QkQ8Args<'_> {
     }
 }
 
+/// Query rows r0..r0 + n (d codes each, of `q`) plus 128 as unsigned bytes, row i at `out[i * stride..]`:
+/// the operand `vpdpbusd` multiplies; the integer kernels take the bias off with the keys' code sums.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn bias_rows(
+    q: &[i8],
+    d: usize,
+    (r0, n): (usize, usize),
+    out: &mut [u8],
+    stride: usize,
+) {
+    for i in 0..n {
+        let row = &q[(r0 + i) * d..(r0 + i + 1) * d];
+        for (o, &c) in out[i * stride..i * stride + d].iter_mut().zip(row) {
+            *o = (c as u8) ^ 0x80;
+        }
+    }
+}
+
 /// The scalar reference of every tier.
 #[cfg(test)]
 pub(crate) fn qk_q8_reference(args: QkQ8Args<'_>) {
