@@ -381,16 +381,24 @@ mod tests {
     use super::{Ops, PvArgs, QkArgs};
     use crate::isa;
 
-    /// Deterministic values in [-1, 1).
-    fn values(n: usize, seed: u64) -> Vec<f32> {
+    /// A deterministic xorshift stream (the attention tests' inputs).
+    pub(super) fn stream(n: usize, seed: u64) -> Vec<u64> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                x
             })
+            .collect()
+    }
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        stream(n, seed)
+            .iter()
+            .map(|&x| (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
             .collect()
     }
 

@@ -176,14 +176,9 @@ mod tests {
 
     /// Deterministic codes over the whole i8 range.
     fn codes(n: usize, seed: u64) -> Vec<i8> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 56) as u8 as i8
-            })
+        crate::attention::tests::stream(n, seed)
+            .iter()
+            .map(|&x| (x >> 56) as u8 as i8)
             .collect()
     }
 

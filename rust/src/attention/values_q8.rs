@@ -118,21 +118,9 @@ pub(crate) fn pv_q8(args: PvQ8Args<'_>) {
 #[cfg(test)]
 mod tests {
     use super::{pv_q8, PvQ8Args, CHUNK};
+    use crate::attention::tests::stream;
     use crate::attention::Ops;
     use crate::isa;
-
-    /// Deterministic values: x ^= shifts.
-    fn stream(n: usize, seed: u64) -> Vec<u64> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            })
-            .collect()
-    }
 
     /// Every tier's `pv_q8` against the scalar tier, bit for bit: head sizes on both sides of the
     /// tiles' 16 / 32 dims (up to Gemma's 256), key counts odd and even, rows seeing all, a prefix,
