@@ -102,6 +102,10 @@ pub(crate) unsafe fn attend<E: Element>(
         rows <= MAX_ROWS,
         "attention: {rows} rows exceed a task's {MAX_ROWS}"
     );
+    // The first chunk's keys and values on their way while the queries are prepared; each loop below
+    // then asks for its next chunk while it computes on this one.
+    k.prefetch(job.b, job.kv_head, ks, KEY_CHUNK.min(nkeys));
+    v.prefetch(job.b, job.kv_head, ks, KEY_CHUNK.min(nkeys));
     let len = 2 * rows * d + rows * nkeys + KEY_CHUNK * d + 2 * rows + rows * (d.div_ceil(4) + 1);
     with_scratch(len, |buf| {
         let (qcodes, rest) = buf.split_at_mut(rows * d.div_ceil(4));
@@ -141,6 +145,7 @@ pub(crate) unsafe fn attend<E: Element>(
         for s0 in (ks..ke).step_by(KEY_CHUNK) {
             let n = KEY_CHUNK.min(ke - s0);
             let r0 = first_row(s0);
+            k.prefetch(job.b, job.kv_head, s0 + n, KEY_CHUNK.min(ke - s0 - n));
             if let Some((codes, scales)) = int_keys {
                 let q = QRows {
                     codes: qcodes,
@@ -204,6 +209,7 @@ pub(crate) unsafe fn attend<E: Element>(
                 if n == 0 {
                     continue;
                 }
+                v.prefetch(job.b, job.kv_head, e0, KEY_CHUNK.min(ke - e0));
                 for (r, o) in (r0..rows).zip(seen_in.iter_mut()) {
                     let (from, to) = seen(r);
                     let (a, b) = (from.max(c0), to.min(c0 + n));
@@ -230,6 +236,7 @@ pub(crate) unsafe fn attend<E: Element>(
         }
         for s0 in (ks..ke).step_by(KEY_CHUNK).filter(|_| int_values.is_none()) {
             let n = KEY_CHUNK.min(ke - s0);
+            v.prefetch(job.b, job.kv_head, s0 + n, KEY_CHUNK.min(ke - s0 - n));
             let (vc, ldv) = kv_rows_f32(ops, v, job.b, job.kv_head, s0, n, chunk);
             let c0 = s0 - ks; // this chunk's keys, relative to ks: c0..c0 + n
             let range = |r: usize| {
