@@ -23,6 +23,10 @@ use crate::attention::{attention_kv, AttnParams, View4};
 use crate::isa::Isa;
 use crate::par::{rows_mut, Parallel, Serial, SyncPtr};
 
+/// Rows of a window whose cache lines `sublayer` prefetches: a batched decode step's (a prompt's rows
+/// are written in order, which the hardware prefetcher follows).
+const MAX_PREFETCH_ROWS: usize = 16;
+
 /// The sub-layer's scratch: q/k/v rows, the attention output before o, a per-sequence buffer.
 pub struct AttnBufs<'a> {
     pub qkv: &'a mut Lines,
@@ -70,6 +74,12 @@ pub fn sublayer(
     let (qw, kvw, d) = (r.q_width(), r.kv_width(), r.head_dim);
     let qkvw = r.qkv_width();
     let spec = &r.layer_specs[l];
+    // The cache lines this window's K/V rows go to, on their way while q/k/v are computed (a decode
+    // step's weight stream evicts them from every cache; the writes below then waited on each).
+    let kv = cache.layer_writer(l);
+    for row in rows.iter().take(MAX_PREFETCH_ROWS) {
+        kv.prefetch(row.slot, row.index);
+    }
     lin(
         isa,
         par,
@@ -91,7 +101,6 @@ pub fn sublayer(
         .map(|t| (*t, model.ropes[spec.rope].half));
     // Clip, q/k norm and rotary row by row (a prompt's rows split among the threads), and each row's
     // K/V into the cache where it was computed.
-    let kv = cache.layer_writer(l);
     rows_mut(
         par,
         &mut b.qkv[..m * qkvw],

@@ -317,6 +317,24 @@ pub struct LayerWriter<'a> {
 }
 
 impl LayerWriter<'_> {
+    /// Asks for the lines `write(slot, index, ..)` will store into (hints only; a slot or index
+    /// outside the cache is skipped): issued before the layer's q/k/v projection, they arrive while it
+    /// runs instead of stalling the stores after it.
+    pub fn prefetch(&self, slot: usize, index: usize) {
+        let Some(&base) = self.bases.get(slot) else {
+            return;
+        };
+        let at0 = index.wrapping_sub(base).wrapping_mul(self.d);
+        if index < base || at0 >= self.head {
+            return;
+        }
+        for h in 0..self.kv_heads {
+            let at = h * self.head + at0;
+            self.stores[slot].prefetch(self.k0 + at, self.d);
+            self.stores[slot].prefetch(self.v0 + at, self.d);
+        }
+    }
+
     /// Writes the K and V rows of one position (each [kv_heads * head_dim], head-major); `isa` picks
     /// the tier of an int8 cache's quantizer (the same bits on every tier). Panics (never UB) on a slot
     /// or index outside the cache.

@@ -158,6 +158,25 @@ pub struct RowWriter<'a> {
 }
 
 impl RowWriter<'_> {
+    /// Asks for the lines of the row of `d` values at offset `at` (and an int8 row's scale) to be
+    /// brought into L1 before it is written: a hint, nothing is read or written (offsets past the store
+    /// are skipped).
+    pub fn prefetch(&self, at: usize, d: usize) {
+        let (bytes, len) = match &self.raw {
+            Raw::F32(p, len) => (p.get().wrapping_add(at).cast::<u8>(), (*len, 4)),
+            Raw::Bf16(p, len) => (p.get().wrapping_add(at).cast::<u8>(), (*len, 2)),
+            Raw::Q8 { codes, scales, len } => {
+                if at < *len && d > 0 {
+                    hint(scales.get().wrapping_add(at / d).cast(), 4);
+                }
+                (codes.get().wrapping_add(at).cast::<u8>(), (*len, 1))
+            }
+        };
+        if at.checked_add(d).is_some_and(|e| e <= len.0) {
+            hint(bytes, d * len.1);
+        }
+    }
+
     /// Stores the row `x` at offset `at` (a multiple of `x.len()`) in the store's format (the module's
     /// contract; `isa` picks the int8 quantizer's tier, the same bits on every tier). Panics (never UB)
     /// when the row does not fit.
@@ -193,4 +212,20 @@ impl RowWriter<'_> {
             }
         }
     }
+}
+
+/// Prefetches the lines of `bytes` bytes from `at` into L1 (no-op off x86-64).
+#[inline(always)]
+fn hint(at: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in 0..bytes.div_ceil(64) {
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                at.wrapping_add(64 * line).cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, bytes);
 }
