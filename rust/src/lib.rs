@@ -23,4 +23,5 @@ pub mod preserve_linear;
 pub mod quant;
 pub mod vmath;
 
+mod hint;
 mod scratch;

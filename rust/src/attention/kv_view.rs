@@ -7,6 +7,7 @@
 
 use super::{Ops, View4};
 use crate::bf16::{classify, Bf16, ElemSlice, Element};
+use crate::hint::prefetch;
 
 /// K or V in its stored format; every variant has dims [B, H, S, D].
 #[derive(Clone, Copy, Debug)]
@@ -86,28 +87,12 @@ fn prefetch_rows<T>(v: &View4<'_, T>, b: usize, h: usize, s0: usize, n: usize) {
         .wrapping_add(v.offset(b, h, s0))
         .cast::<u8>();
     if step < 64 {
-        hint(first, (n - 1) * step + row);
+        prefetch(first, (n - 1) * step + row);
     } else {
         for i in 0..n {
-            hint(first.wrapping_add(i * step), row);
+            prefetch(first.wrapping_add(i * step), row);
         }
     }
-}
-
-/// Prefetches the lines of `bytes` bytes from `at` into L1 (no-op off x86-64).
-#[inline(always)]
-fn hint(at: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in 0..bytes.div_ceil(64) {
-        // SAFETY: a prefetch is a hint that never faults, whatever the address.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                at.wrapping_add(64 * line).cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, bytes);
 }
 
 /// Rows s0..s0+n of (b, h) as f32, with their row stride: borrowed in place when they are f32,

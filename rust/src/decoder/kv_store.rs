@@ -12,6 +12,7 @@ use std::ops::Range;
 use super::recipe::KvFormat;
 use crate::attention::{KvView, View4};
 use crate::bf16::{f32_to_bf16, Bf16};
+use crate::hint::prefetch;
 use crate::isa::Isa;
 use crate::par::SyncPtr;
 use crate::quant::row_q8;
@@ -167,13 +168,13 @@ impl RowWriter<'_> {
             Raw::Bf16(p, len) => (p.get().wrapping_add(at).cast::<u8>(), (*len, 2)),
             Raw::Q8 { codes, scales, len } => {
                 if at < *len && d > 0 {
-                    hint(scales.get().wrapping_add(at / d).cast(), 4);
+                    prefetch(scales.get().wrapping_add(at / d).cast(), 4);
                 }
                 (codes.get().wrapping_add(at).cast::<u8>(), (*len, 1))
             }
         };
         if at.checked_add(d).is_some_and(|e| e <= len.0) {
-            hint(bytes, d * len.1);
+            prefetch(bytes, d * len.1);
         }
     }
 
@@ -212,20 +213,4 @@ impl RowWriter<'_> {
             }
         }
     }
-}
-
-/// Prefetches the lines of `bytes` bytes from `at` into L1 (no-op off x86-64).
-#[inline(always)]
-fn hint(at: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in 0..bytes.div_ceil(64) {
-        // SAFETY: a prefetch is a hint that never faults, whatever the address.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                at.wrapping_add(64 * line).cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, bytes);
 }

@@ -33,6 +33,7 @@ use std::ops::Range;
 use super::avx2_unpack::{bytes_f32, f16x16, q4_codes, q4k_scales, q5_codes, q6k_codes};
 use super::kblock::{Layout, SUBS};
 use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, QActs, LO, QPANEL, QSUB};
+use crate::hint;
 use crate::isa::Isa;
 
 /// x rows per register tile: 2 rows x 2 halves of i32 sums and of f32 outputs (Q4K tiles of 4
@@ -147,20 +148,13 @@ pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
 /// SmolLM2-135M int8 decode steps from 4.5-5.7 to 3.7-5.0 ms; later row tiles find the panel in cache.
 /// Prefetches past the matrix's end are harmless hints. SSE only (the x86-64 baseline).
 #[inline(always)]
-pub(super) unsafe fn prefetch(f: Format, blk: *const u8, bb: usize, first: bool) {
+pub(super) fn prefetch(f: Format, blk: *const u8, bb: usize, first: bool) {
     match f {
-        Format::Q4 | Format::Q40 | Format::Q50 => stream(blk, bb),
-        Format::Q80 if first => stream(blk, bb),
-        _ => _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(2 * bb).cast()),
-    }
-}
-
-/// Every line of the block 8 blocks ahead of `blk`.
-#[inline(always)]
-unsafe fn stream(blk: *const u8, bb: usize) {
-    let ahead = blk.wrapping_add(8 * bb);
-    for line in 0..bb.div_ceil(64) {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line * 64).cast());
+        // Every line of the block 8 blocks ahead.
+        Format::Q4 | Format::Q40 | Format::Q50 => hint::prefetch(blk.wrapping_add(8 * bb), bb),
+        Format::Q80 if first => hint::prefetch(blk.wrapping_add(8 * bb), bb),
+        // One line, 2 blocks ahead.
+        _ => hint::prefetch(blk.wrapping_add(2 * bb), 1),
     }
 }
 

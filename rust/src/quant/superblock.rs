@@ -42,6 +42,7 @@ use std::ops::Range;
 
 use super::kblock::{sub_scales, super_bytes, Layout, SUBS, SUPER};
 use super::{store, Format, Job, QPANEL, QSUB};
+use crate::hint::prefetch;
 use crate::scratch::with_scratch;
 
 pub(super) mod amx;
@@ -297,22 +298,6 @@ unsafe fn store_stream(job: &Job<'_>, i: usize, p: usize, sums: *const f32) -> b
 /// per block stays a few percent of the block's work.
 fn row_block(k: usize) -> usize {
     ((256 << 10) / k).max(96) / 24 * 24
-}
-
-/// Prefetches `bytes` from `at` into L1 (a hint; no-op off x86-64).
-#[inline(always)]
-pub(crate) fn prefetch(at: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in 0..bytes.div_ceil(64) {
-        // SAFETY: a prefetch is a hint that never faults, whatever the address.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                at.wrapping_add(64 * line).cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, bytes);
 }
 
 thread_local! {
