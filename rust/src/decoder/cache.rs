@@ -321,13 +321,13 @@ impl LayerWriter<'_> {
     /// outside the cache is skipped): issued before the layer's q/k/v projection, they arrive while it
     /// runs instead of stalling the stores after it.
     pub fn prefetch(&self, slot: usize, index: usize) {
-        let Some(&base) = self.bases.get(slot) else {
+        let rel = self
+            .bases
+            .get(slot)
+            .and_then(|&base| index.checked_sub(base));
+        let Some(at0) = rel.map(|i| i * self.d).filter(|&at0| at0 < self.head) else {
             return;
         };
-        let at0 = index.wrapping_sub(base).wrapping_mul(self.d);
-        if index < base || at0 >= self.head {
-            return;
-        }
         for h in 0..self.kv_heads {
             let at = h * self.head + at0;
             self.stores[slot].prefetch(self.k0 + at, self.d);

@@ -163,18 +163,18 @@ impl RowWriter<'_> {
     /// brought into L1 before it is written: a hint, nothing is read or written (offsets past the store
     /// are skipped).
     pub fn prefetch(&self, at: usize, d: usize) {
-        let (bytes, len) = match &self.raw {
-            Raw::F32(p, len) => (p.get().wrapping_add(at).cast::<u8>(), (*len, 4)),
-            Raw::Bf16(p, len) => (p.get().wrapping_add(at).cast::<u8>(), (*len, 2)),
-            Raw::Q8 { codes, scales, len } => {
-                if at < *len && d > 0 {
-                    prefetch(scales.get().wrapping_add(at / d).cast(), 4);
-                }
-                (codes.get().wrapping_add(at).cast::<u8>(), (*len, 1))
-            }
+        // The row's first byte, the bytes per value, and the store's length in values.
+        let (row, size, len) = match &self.raw {
+            Raw::F32(p, len) => (p.get().wrapping_add(at).cast::<u8>(), 4, *len),
+            Raw::Bf16(p, len) => (p.get().wrapping_add(at).cast::<u8>(), 2, *len),
+            Raw::Q8 { codes, len, .. } => (codes.get().wrapping_add(at).cast::<u8>(), 1, *len),
         };
-        if at.checked_add(d).is_some_and(|e| e <= len.0) {
-            prefetch(bytes, d * len.1);
+        if d == 0 || at.checked_add(d).is_none_or(|e| e > len) {
+            return;
+        }
+        prefetch(row, d * size);
+        if let Raw::Q8 { scales, .. } = &self.raw {
+            prefetch(scales.get().wrapping_add(at / d).cast(), 4);
         }
     }
 
