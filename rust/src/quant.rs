@@ -68,9 +68,9 @@ pub use fit::{quantize, QuantOptions};
 pub use formats::Format;
 pub(crate) use job::{store, Job};
 pub use linear::{
-    kernel_name, quant_linear, quant_linear_amx_emulated, quant_linear_group,
-    quant_linear_vnni_emulated, super_amx_products_run, super_min_rows, super_unpacked_panels_run,
-    GroupItem,
+    gated_linears_run, kernel_name, quant_linear, quant_linear_amx_emulated, quant_linear_gated,
+    quant_linear_group, quant_linear_vnni_emulated, super_amx_products_run, super_min_rows,
+    super_unpacked_panels_run, GroupItem,
 };
 pub use weight::{QuantRows, QuantWeight};
 

@@ -1,15 +1,21 @@
 //! Activation quantization into `QActs`: the scalar reference of one 32-block (`quantize_block`, with
 //! the scale rule every tier shares, `block_scale`), each tier's quantizer behind one entry point
-//! (`quantize_activations`), a prompt's rows split across the pool (`quantize_par`), and the raw view
-//! (`ActsOut`) through which several threads write one buffer.
+//! (`quantize_activations`), a prompt's rows split across the pool (`quantize_par`, from the rows
+//! themselves or from a gated MLP's gate/up output: `Source`), and the raw view (`ActsOut`) through
+//! which several threads write one buffer.
 //!
 //! Numerical contract: every 32-block is quantized alone, bit-identical to `quantize_block` in every tier,
-//! so the codes do not depend on the tier or on how rows are split across threads.
+//! so the codes do not depend on the tier or on how rows are split across threads; a gated source's
+//! rows are `vmath::act_mul`'s values, so their codes are those of the rows it would have written.
+
+use std::ops::Range;
 
 use super::linear::{tier, QuantizeFn};
 use super::QSUB;
 use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel};
+use crate::scratch::with_scratch;
+use crate::vmath::{self, Act};
 
 /// Where a tier's quantizer writes its x's block 0: raw pointers into a `QActs` sized by
 /// `quantize_activations`, possibly offset to a later block (`at`), so that row ranges of one x are
@@ -81,63 +87,112 @@ impl ActsOut {
 /// Quantizes x (rows of k, k a multiple of 32, `x.len()` a multiple of k) per 32-block into `acts`
 /// with `isa`'s kernel: bit-identical to `quantize_block` in every tier.
 pub fn quantize_activations(isa: Isa, x: &[f32], acts: &mut QActs) {
-    let quantize = size_acts(isa, x, acts);
+    let quantize = size_acts(isa, x.len(), acts);
     // SAFETY: the tier is supported and every buffer was sized for x (size_acts).
     unsafe { quantize(x, ActsOut::of(acts)) };
 }
 
-/// Checks x and `isa`, sizes `acts` for x, and returns the tier's quantizer.
-fn size_acts(isa: Isa, x: &[f32], acts: &mut QActs) -> QuantizeFn {
+/// Checks the number of values and `isa`, sizes `acts` for that many, and returns the tier's quantizer.
+fn size_acts(isa: Isa, values: usize, acts: &mut QActs) -> QuantizeFn {
     assert!(
-        x.len().is_multiple_of(QSUB),
-        "quantize_activations: {} values are not whole 32-blocks",
-        x.len()
+        values.is_multiple_of(QSUB),
+        "quantize_activations: {values} values are not whole 32-blocks"
     );
     assert!(
         isa.is_supported(),
         "quantize_activations: tier {} is not supported by this CPU",
         isa.name()
     );
-    let nsub = x.len() / QSUB;
-    acts.q.resize(x.len(), 0);
-    acts.q2.resize(x.len(), 0);
+    let nsub = values / QSUB;
+    acts.q.resize(values, 0);
+    acts.q2.resize(values, 0);
     for v in [&mut acts.d, &mut acts.s, &mut acts.d_fine] {
         v.resize(nsub, 0.0);
     }
     acts.s_fine.resize(nsub, 0);
     let t = tier(isa);
     if t.fine {
-        acts.fine.resize(x.len(), 0);
+        acts.fine.resize(values, 0);
     } else {
         acts.fine.clear();
     }
     t.quantize
 }
 
+/// Where a linear's activation rows come from.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// The rows themselves, `[m][k]`.
+    Rows(&'a [f32]),
+    /// A gated MLP's hidden rows `act(gate) * up`, from its gate/up output `[m][2 k]` (gate first):
+    /// each row is computed by `vmath::act_mul` into L1 scratch and quantized there, so the f32 rows
+    /// are never written out and read back (6 KB a row per layer of SmolLM2's prompts).
+    Gated { gu: &'a [f32], act: Act },
+}
+
+impl Source<'_> {
+    /// Quantizes rows `rows` (of k) into `out` (the buffers of all m rows).
+    ///
+    /// # Safety
+    /// `quantize` is a supported tier's (the one `isa` names), `out` was sized for the source's m rows
+    /// of k (`size_acts`), and no other thread writes these rows' blocks.
+    unsafe fn quantize(
+        self,
+        isa: Isa,
+        quantize: QuantizeFn,
+        k: usize,
+        rows: Range<usize>,
+        out: ActsOut,
+    ) {
+        match self {
+            Source::Rows(x) => quantize(
+                &x[rows.start * k..rows.end * k],
+                out.at(rows.start * k / QSUB),
+            ),
+            Source::Gated { gu, act } => with_scratch(k, |h| {
+                for i in rows {
+                    let (g, u) = gu[i * 2 * k..(i + 1) * 2 * k].split_at(k);
+                    vmath::act_mul(isa, act, g, u, h);
+                    quantize(h, out.at(i * k / QSUB));
+                }
+            }),
+        }
+    }
+}
+
 /// Values from which activation quantization is split across the pool (a task's share of a prompt's
 /// rows; below it, waking the pool costs more than it saves).
 const MIN_QUANT_VALUES_PER_TASK: usize = 1 << 15;
 
-/// `quantize_activations` of x's rows of k, row ranges on the pool's threads: the same codes (each
-/// 32-block is quantized alone), written into `acts` by disjoint tasks. A prompt's rows otherwise
-/// quantize on the calling thread while the others wait (3-7 % of an int4 SmolLM2-135M prompt).
-pub(super) fn quantize_par(isa: Isa, par: &dyn Parallel, x: &[f32], k: usize, acts: &mut QActs) {
-    let rows = x.len() / k;
+/// m rows of k from `src` quantized into `acts` (as `quantize_activations` of those rows), row ranges on
+/// the pool's threads: the same codes (each 32-block is quantized alone), written into `acts` by
+/// disjoint tasks. A prompt's rows otherwise quantize on the calling thread while the others wait (3-7 %
+/// of an int4 SmolLM2-135M prompt). k is a multiple of 32, `src` holds m rows (checked by the callers).
+pub(super) fn quantize_par(
+    isa: Isa,
+    par: &dyn Parallel,
+    src: Source<'_>,
+    m: usize,
+    k: usize,
+    acts: &mut QActs,
+) {
+    let values = m * k;
     let parts = par
         .num_threads()
-        .min(rows)
-        .min(x.len() / MIN_QUANT_VALUES_PER_TASK);
-    if parts <= 1 {
-        return quantize_activations(isa, x, acts);
-    }
-    let quantize = size_acts(isa, x, acts);
+        .min(m)
+        .min(values / MIN_QUANT_VALUES_PER_TASK)
+        .max(1);
+    let quantize = size_acts(isa, values, acts);
     let out = ActsOut::of(acts);
-    let chunks = chunk_ranges(rows, parts, 1);
+    if parts == 1 {
+        // SAFETY: supported tier (size_acts), buffers sized for the m rows, one writer.
+        return unsafe { src.quantize(isa, quantize, k, 0..m, out) };
+    }
+    let chunks = chunk_ranges(m, parts, 1);
     let task = |i: usize| {
-        let r = &chunks[i];
-        // SAFETY: supported tier, buffers sized for x (size_acts); the chunks are disjoint row ranges,
-        // so each task writes its own blocks (k is a multiple of 32: rows start on block boundaries).
-        unsafe { quantize(&x[r.start * k..r.end * k], out.at(r.start * k / QSUB)) }
+        // SAFETY: supported tier, buffers sized for the m rows (size_acts); the chunks are disjoint row
+        // ranges, so each task writes its own blocks (k is a multiple of 32: rows start on block boundaries).
+        unsafe { src.quantize(isa, quantize, k, chunks[i].clone(), out) }
     };
     run_tasks(par, chunks.len(), &task);
 }

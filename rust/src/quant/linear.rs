@@ -9,12 +9,13 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::acts::{quantize_activations, quantize_par, ActsOut};
+use super::acts::{quantize_activations, quantize_par, ActsOut, Source};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx2_rows, avx512, avxvnni};
 use super::{generic, superblock, Format, Job, QActs, QuantWeight, QPANEL};
 use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel};
+use crate::vmath::Act;
 
 /// Below this many multiply-adds per task, splitting further costs more than it saves.
 const MIN_MACS_PER_TASK: usize = 1 << 17;
@@ -184,7 +185,7 @@ pub fn quant_linear_amx_emulated(
             sup: Some(sup),
             ..tier(Isa::Generic)
         };
-        linear_with(Isa::Generic, &emulated, par, x, m, w, bias, y);
+        linear_with(Isa::Generic, &emulated, par, Source::Rows(x), m, w, bias, y);
     }
 }
 
@@ -230,8 +231,56 @@ pub fn quant_linear(
 ) {
     assert_supported(isa);
     if check(x, m, w, bias, y) {
-        linear_with(isa, &tier(isa), par, x, m, w, bias, y);
+        linear_with(isa, &tier(isa), par, Source::Rows(x), m, w, bias, y);
     }
+}
+
+thread_local! {
+    /// Gated linears (`quant_linear_gated`) the calling thread has run.
+    static GATED_RUN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A gated MLP's down projection, `y = (act(gate) * up) w^T (+ bias)`, from its gate/up output `gu`
+/// (`[m][2 k]`, each row's gate first, k = w's columns): bit-identical to `vmath::act_mul` of each row
+/// followed by `quant_linear`, without the hidden rows ever written to memory (each is computed into
+/// L1 and quantized there, on the threads that quantize). Panics (never UB) as `quant_linear` does.
+#[allow(clippy::too_many_arguments)]
+pub fn quant_linear_gated(
+    isa: Isa,
+    par: &dyn Parallel,
+    gu: &[f32],
+    act: Act,
+    m: usize,
+    w: &QuantWeight,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    assert_supported(isa);
+    let k = w.k;
+    assert!(
+        gu.len() == m * 2 * k,
+        "quant_linear_gated: gate/up has {} elements, expected {m}*2*{k}",
+        gu.len()
+    );
+    if check_out(m, w, bias, y) {
+        GATED_RUN.with(|c| c.set(c.get() + 1));
+        linear_with(
+            isa,
+            &tier(isa),
+            par,
+            Source::Gated { gu, act },
+            m,
+            w,
+            bias,
+            y,
+        );
+    }
+}
+
+/// `quant_linear_gated` calls the calling thread has made: how tests prove a decoder took that path.
+#[doc(hidden)]
+pub fn gated_linears_run() -> usize {
+    GATED_RUN.with(|c| c.get())
 }
 
 /// Panics unless the CPU runs `isa`.
@@ -246,11 +295,17 @@ fn assert_supported(isa: Isa) {
 /// Panics (never UB) unless x, y and the bias have the lengths of an [m, k] x [n, k]^T linear;
 /// returns whether there is anything to compute.
 fn check(x: &[f32], m: usize, w: &QuantWeight, bias: Option<&[f32]>, y: &[f32]) -> bool {
-    let (n, k, xl, yl) = (w.n, w.k, x.len(), y.len());
+    let (k, xl) = (w.k, x.len());
     assert!(
         xl == m * k,
         "quant_linear: x has {xl} elements, expected {m}*{k}"
     );
+    check_out(m, w, bias, y)
+}
+
+/// `check`'s part for y and the bias.
+fn check_out(m: usize, w: &QuantWeight, bias: Option<&[f32]>, y: &[f32]) -> bool {
+    let (n, yl) = (w.n, y.len());
     assert!(
         yl == m * n,
         "quant_linear: y has {yl} elements, expected {m}*{n}"
@@ -285,18 +340,19 @@ pub fn quant_linear_vnni_emulated(
                 sup16: &avxvnni::emulated::sup::KERNELS,
                 ..tier(Isa::Avx2)
             };
-            linear_with(Isa::Avx2, &emulated, par, x, m, w, bias, y);
+            linear_with(Isa::Avx2, &emulated, par, Source::Rows(x), m, w, bias, y);
         }
     }
 }
 
-/// `quant_linear` after its checks: x quantized by `isa`'s tier, then `kernels` over the panels.
+/// `quant_linear` after its checks: the source's rows quantized by `isa`'s tier, then `kernels` over
+/// the panels.
 #[allow(clippy::too_many_arguments)]
 fn linear_with(
     isa: Isa,
     kernels: &Tier,
     par: &dyn Parallel,
-    x: &[f32],
+    x: Source<'_>,
     m: usize,
     w: &QuantWeight,
     bias: Option<&[f32]>,
@@ -304,7 +360,7 @@ fn linear_with(
 ) {
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
-        quantize_par(isa, par, x, w.k, &mut acts);
+        quantize_par(isa, par, x, m, w.k, &mut acts);
         let job = Job::new(&acts, m, w, bias, y);
         let chunks = kernels.chunks(par, &job);
         let task = |i: usize| {
