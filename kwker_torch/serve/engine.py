@@ -150,6 +150,7 @@ class Engine:
         self._closing = False
         self._stop = False
         self._rate: collections.deque[tuple[float, int]] = collections.deque()
+        self._rate_tokens = 0  # the sum of the counts in _rate (kept as they come and go: O(1) a step)
         self._thread = threading.Thread(target=self._loop, name="kwker-engine", daemon=True)
 
     # ---- any thread
@@ -461,8 +462,9 @@ class Engine:
     def _count_rate(self, made: int) -> None:
         now = time.monotonic()
         self._rate.append((now, made))
+        self._rate_tokens += made
         while self._rate and self._rate[0][0] < now - 5.0:
-            self._rate.popleft()
+            self._rate_tokens -= self._rate.popleft()[1]
         span = now - self._rate[0][0] if len(self._rate) > 1 else 0.0
         if span > 0:
-            self.metrics.tokens_per_second.set(sum(n for _, n in self._rate) / span)
+            self.metrics.tokens_per_second.set(self._rate_tokens / span)
