@@ -2,10 +2,13 @@
 //! (`bf16_gemm`, its splitting, packing and blocking) runs on them unchanged. A 16 x 16 float32 sum tile
 //! is 16 zmm rows; a weight tile's row p (the pair k = 2p, 2p + 1 of 16 columns) is exactly the second
 //! operand `vdpbf16ps` wants, and a broadcast of an activation row's pair the first: one `dp_bf16` is
-//! 4 x 256 `vdpbf16ps`, each weight row loaded once per sum tile.
+//! 4 x 256 `vdpbf16ps`, run as 8 activation rows against both weight tiles at once (16 sums in flight,
+//! each activation broadcast feeding two instructions, both weight rows loaded once per 8 rows: one
+//! tile's 8 rows at a time kept only 8 sums in flight, below the instruction's latency x throughput,
+//! and loaded a broadcast per instruction).
 //!
 //! The tiles live in memory: sums in a 4 KB array of this struct (loaded and stored once per row and
-//! `dp_bf16`, an eighth of the instructions), the activation and weight tiles where the caller loaded
+//! `dp_bf16`, a sixteenth of the instructions), the activation and weight tiles where the caller loaded
 //! them from (`load_a` / `load_b` record their address, which the GEMM leaves unchanged until the
 //! `dp_bf16` that reads them).
 //!
@@ -27,38 +30,50 @@ pub fn usable() -> bool {
     crate::isa::Isa::Avx512.cpu_has() && std::arch::is_x86_feature_detected!("avx512bf16")
 }
 
-/// The sum tile rows' update with one `vdpbf16ps` (or its emulation): C += A x B (see `dp_rows!`).
+/// Two sum tiles' update with one `vdpbf16ps` (or its emulation): C0 += A x B0, C1 += A x B1 (see
+/// `dp_rows!`).
 pub(crate) trait Dot {
-    unsafe fn dp_rows(c: &mut [[f32; ROWS]; ROWS], a: (*const u8, usize), b: (*const u8, usize));
+    unsafe fn dp_rows(
+        c: [&mut [[f32; ROWS]; ROWS]; 2],
+        a: (*const u8, usize),
+        b: [(*const u8, usize); 2],
+    );
 }
 
-/// Stamps `$name`: C tile rows += A tile x B tile, each row's 16 pairs against the 16 weight rows (held in
-/// registers), with `$dot` compiled under `$features` (so that it inlines).
+/// Stamps `$name`: the rows of two sum tiles += one A tile x two B tiles, 8 activation rows at a time,
+/// each row's pair broadcast once for both weight rows p, with `$dot` compiled under `$features` (so that
+/// it inlines). Each sum takes its pairs in p order, as one tile at a time did: the same bits.
 macro_rules! dp_rows {
     ($name:ident, $features:literal, $dot:ident) => {
         #[target_feature(enable = $features)]
-        #[allow(clippy::needless_range_loop)] // acc[r], x[r] are register tiles indexed by a constant bound
-        unsafe fn $name(c: &mut [[f32; ROWS]; ROWS], a: (*const u8, usize), b: (*const u8, usize)) {
-            let mut w = [_mm512_setzero_si512(); ROWS];
-            for (p, wp) in w.iter_mut().enumerate() {
-                *wp = _mm512_loadu_si512(b.0.add(p * b.1).cast());
-            }
-            // Eight rows at a time: eight independent sums in flight (one row's 16 dependent
-            // `vdpbf16ps` alone would wait on the instruction's latency).
-            for (rows, block) in c.chunks_exact_mut(8).enumerate() {
-                let mut acc = [_mm512_setzero_ps(); 8];
+        #[allow(clippy::needless_range_loop)] // acc[r][j], x[r] are register tiles indexed by constant bounds
+        unsafe fn $name(
+            c: [&mut [[f32; ROWS]; ROWS]; 2],
+            a: (*const u8, usize),
+            b: [(*const u8, usize); 2],
+        ) {
+            let [c0, c1] = c;
+            for g in 0..ROWS / 8 {
+                // 16 independent sums: enough to cover the instruction's latency at its throughput.
+                let mut acc = [[_mm512_setzero_ps(); 2]; 8];
                 let mut x = [std::ptr::null::<i32>(); 8];
                 for r in 0..8 {
-                    acc[r] = _mm512_loadu_ps(block[r].as_ptr());
-                    x[r] = a.0.add((8 * rows + r) * a.1).cast::<i32>();
+                    acc[r][0] = _mm512_loadu_ps(c0[8 * g + r].as_ptr());
+                    acc[r][1] = _mm512_loadu_ps(c1[8 * g + r].as_ptr());
+                    x[r] = a.0.add((8 * g + r) * a.1).cast::<i32>();
                 }
-                for (p, wp) in w.iter().enumerate() {
+                for p in 0..ROWS {
+                    let w0 = _mm512_loadu_si512(b[0].0.add(p * b[0].1).cast());
+                    let w1 = _mm512_loadu_si512(b[1].0.add(p * b[1].1).cast());
                     for r in 0..8 {
-                        acc[r] = $dot(acc[r], _mm512_set1_epi32(x[r].add(p).read_unaligned()), *wp);
+                        let xr = _mm512_set1_epi32(x[r].add(p).read_unaligned());
+                        acc[r][0] = $dot(acc[r][0], xr, w0);
+                        acc[r][1] = $dot(acc[r][1], xr, w1);
                     }
                 }
                 for r in 0..8 {
-                    _mm512_storeu_ps(block[r].as_mut_ptr(), acc[r]);
+                    _mm512_storeu_ps(c0[8 * g + r].as_mut_ptr(), acc[r][0]);
+                    _mm512_storeu_ps(c1[8 * g + r].as_mut_ptr(), acc[r][1]);
                 }
             }
         }
@@ -81,7 +96,11 @@ dp_rows!(
 pub(crate) struct Real;
 
 impl Dot for Real {
-    unsafe fn dp_rows(c: &mut [[f32; ROWS]; ROWS], a: (*const u8, usize), b: (*const u8, usize)) {
+    unsafe fn dp_rows(
+        c: [&mut [[f32; ROWS]; ROWS]; 2],
+        a: (*const u8, usize),
+        b: [(*const u8, usize); 2],
+    ) {
         dp_rows_real(c, a, b)
     }
 }
@@ -103,7 +122,11 @@ pub(crate) struct Emulated;
 
 #[cfg(test)]
 impl Dot for Emulated {
-    unsafe fn dp_rows(c: &mut [[f32; ROWS]; ROWS], a: (*const u8, usize), b: (*const u8, usize)) {
+    unsafe fn dp_rows(
+        c: [&mut [[f32; ROWS]; ROWS]; 2],
+        a: (*const u8, usize),
+        b: [(*const u8, usize); 2],
+    ) {
         dp_rows_emulated(c, a, b)
     }
 }
@@ -177,10 +200,12 @@ impl<D: Dot> Tiles for Dpbf16<D> {
         self.b[j] = (p, stride);
     }
     unsafe fn dp_bf16(&mut self) {
-        for (t, i, j) in [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)] {
+        // Sum tiles 2i and 2i + 1 are A tile i against B tiles 0 and 1.
+        let [c0, c1, c2, c3] = &mut *self.c;
+        for (i, c) in [[c0, c1], [c2, c3]].into_iter().enumerate() {
             // SAFETY: `usable` (or AVX-512 for the emulation) was checked by the caller; the recorded
             // tiles address ROWS rows of ROW_BYTES bytes (the `Tiles` contract of load_a / load_b).
-            D::dp_rows(&mut self.c[t], self.a[i], self.b[j]);
+            D::dp_rows(c, self.a[i], self.b);
         }
     }
     unsafe fn load_c(&mut self, t: usize, p: *const u8, stride: usize) {
