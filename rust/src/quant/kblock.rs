@@ -263,6 +263,9 @@ pub(crate) fn code(f: Format, blk: &[u8], t: usize, s: usize, r: usize, kk: usiz
 pub(crate) fn row_f32(f: Format, k: usize, data: &[u8], j: usize, out: &mut [f32]) {
     let lay = Layout::new(f, k);
     let (p, r) = (j / QPANEL, j % QPANEL);
+    // The row's bytes are spread over its whole panel (4 of every 64): ask for all its lines at once
+    // rather than one miss at a time (a SmolLM2 q6k lookup 2.35-2.67 -> 1.91-2.19 us).
+    crate::hint::prefetch(data[lay.at(p, 0)..].as_ptr(), lay.panel_bytes);
     for b in 0..lay.blocks() {
         let t = lay.subs(b);
         let blk = &data[lay.at(p, b)..lay.at(p, b) + super_bytes(f, t)];
