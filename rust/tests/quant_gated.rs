@@ -94,16 +94,20 @@ fn a_gate_up_of_the_wrong_length_is_refused_with_a_reason() {
     );
 }
 
-/// `base`'s model widened so that every matrix's columns are whole 32-blocks, its matrices quantized.
-fn quantized(r: &Recipe, format: Format) -> Decoder {
-    let limits = Limits {
+/// One slot, room for the test's prompt in one step.
+fn limits() -> Limits {
+    Limits {
         slots: 1,
         max_context: 32,
         chunk_rows: 16,
         kv: KvFormat::F32,
-    };
+    }
+}
+
+/// `base`'s model widened so that every matrix's columns are whole 32-blocks, its matrices quantized.
+fn quantized(r: &Recipe, format: Format) -> Decoder {
     let mut rng = Rng::new(73);
-    let mut b = Builder::new(r.clone(), limits).unwrap();
+    let mut b = Builder::new(r.clone(), limits()).unwrap();
     for p in present(r) {
         let (t, layer, [rows, cols]) = (p.tensor, p.layer, p.shape);
         let matrix = t.spec().matrix;
@@ -149,16 +153,7 @@ fn a_quantized_decoders_mlps_take_the_gated_path_and_float_ones_do_not() {
         let logits = prompt_logits(&mut dec, tier, &tokens);
         assert_eq!(gated_linears_run() - before, r.layers, "{}", tier.name());
         assert!(logits.iter().all(|v| v.is_finite()));
-        let mut float = build_with(
-            &r,
-            5,
-            Limits {
-                slots: 1,
-                max_context: 32,
-                chunk_rows: 16,
-                kv: KvFormat::F32,
-            },
-        );
+        let mut float = build_with(&r, 5, limits());
         let before = gated_linears_run();
         prompt_logits(&mut float, tier, &tokens);
         assert_eq!(gated_linears_run() - before, 0, "{}", tier.name());
