@@ -8,7 +8,7 @@
 //! and loaded a broadcast per instruction).
 //!
 //! The tiles live in memory: sums in a 4 KB array of this struct (loaded and stored once per row and
-//! `dp_bf16`, a sixteenth of the instructions), the activation and weight tiles where the caller loaded
+//! `dp_bf16`, an eighth of the instructions), the activation and weight tiles where the caller loaded
 //! them from (`load_a` / `load_b` record their address, which the GEMM leaves unchanged until the
 //! `dp_bf16` that reads them).
 //!
