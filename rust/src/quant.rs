@@ -62,7 +62,7 @@ pub mod kblock;
 pub mod row_q8;
 
 pub(crate) use acts::{block_scale, ActsOut};
-pub use acts::{quantize_activations, quantize_block, BlockCodes, QActs, LO};
+pub use acts::{quantize_activations, quantize_block, tiled_acts_run, BlockCodes, QActs, LO};
 pub use f16::{f16_to_f32, f32_to_f16};
 pub use fit::{quantize, QuantOptions};
 pub use formats::Format;

@@ -13,8 +13,8 @@ use kwker_kernels::pool::SpinPool;
 use kwker_kernels::quant::{
     kernel_name, quant_linear, quant_linear_amx_emulated, quant_linear_group,
     quant_linear_vnni_emulated, quantize, quantize_activations, quantize_block,
-    super_amx_products_run, super_min_rows, super_unpacked_panels_run, Format, GroupItem, QActs,
-    QuantOptions, QuantWeight, LO, QSUB,
+    super_amx_products_run, super_min_rows, super_unpacked_panels_run, tiled_acts_run, Format,
+    GroupItem, QActs, QuantOptions, QuantWeight, LO, QSUB,
 };
 
 fn opts(format: Format) -> QuantOptions<'static> {
@@ -546,12 +546,21 @@ fn each_row_equals_that_row_alone_whatever_tile_it_falls_in() {
                 let nibbles = format.is_nibbles() && kernel_name(tier) != "avx2";
                 let rows_path = (format.is_super() || nibbles) && m >= super_min_rows(tier);
                 let mut all = vec![0.0; m * n];
-                let before = super_unpacked_panels_run();
+                let (before, tiled_before) = (super_unpacked_panels_run(), tiled_acts_run());
                 quant_linear(tier, &Serial, &x, m, &w, None, &mut all);
                 assert_eq!(
                     super_unpacked_panels_run() - before,
                     if rows_path { 3 } else { 0 },
                     "{} {format:?} m = {m}: panels through the unpacked-codes path",
+                    tier.name()
+                );
+                // Below that, the AVX-512 packed tiles read the rows from the tiled layout.
+                let avx512 = ["avx512vnni", "amx-int8"].contains(&kernel_name(tier));
+                let tiled = avx512 && format.is_super() && !rows_path;
+                assert_eq!(
+                    tiled_acts_run() - tiled_before,
+                    usize::from(tiled),
+                    "{} {format:?} m = {m}: activations tiled for the packed tiles",
                     tier.name()
                 );
                 for i in 0..m {

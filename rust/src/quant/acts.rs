@@ -206,6 +206,8 @@ pub(super) fn quantize_par(
 /// - `fine`: 254 * q + q2 as one i16 per value (|.| <= 32385), written by the AVX2 tier only (its Q8
 ///   kernel multiplies i16 pairs with `vpmaddwd`, one product per weight instead of two), empty
 ///   otherwise.
+/// - `tiled`, `tiled_d`, `tiled_s`: the same codes, scales and sums in the order the packed (decode-step)
+///   super-block tiles read them (`tile_rows`), filled only for those calls of two rows or more.
 #[derive(Default)]
 pub struct QActs {
     pub q: Vec<i8>,
@@ -215,6 +217,59 @@ pub struct QActs {
     pub d_fine: Vec<f32>,
     pub s_fine: Vec<i32>,
     pub fine: Vec<i16>,
+    pub tiled: Vec<i8>,
+    pub tiled_d: Vec<f32>,
+    pub tiled_s: Vec<f32>,
+}
+
+thread_local! {
+    /// Calls whose activations the calling thread copied into the tiled layout (`QActs::tile_rows`).
+    static TILED_RUN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Linears whose activations the calling thread tiled for the packed tiles: how tests prove a decode
+/// step's tiles read the tiled layout.
+#[doc(hidden)]
+pub fn tiled_acts_run() -> usize {
+    TILED_RUN.with(std::cell::Cell::get)
+}
+
+/// Rows per group of the tiled layout (`QActs::tile_rows`): the packed tiles' widest row tile.
+pub(crate) const TILE_ROWS: usize = 8;
+
+impl QActs {
+    /// Copies m rows of k (quantized: `q`, `d`, `s`) into the tiled layout: rows in groups of
+    /// `TILE_ROWS` (the last group the m % 8 left), and in a group of w rows starting at row j0, 32-block
+    /// u of row j0 + r at codes `j0 * k + (u * w + r) * 32` and at scale / sum `j0 * k / 32 + u * w + r`.
+    /// A tile of a group's rows then finds every row's codes of a 32-block at fixed offsets from one
+    /// pointer (its broadcasts are memory operands with constant displacements, no address arithmetic
+    /// or row pointers per row: a decode step's 8-row q4k tile spent more instructions on those than on
+    /// its `vpdpbusd`). One row's tiled layout is its own, so one row is never copied. A copy only: the
+    /// values are `q`, `d` and `s` unchanged.
+    pub(crate) fn tile_rows(&mut self, m: usize, k: usize) {
+        let nsub = k / QSUB;
+        assert!(
+            self.q.len() >= m * k && self.d.len() >= m * nsub,
+            "tile_rows: activations hold fewer than {m} rows of {k}"
+        );
+        TILED_RUN.with(|c| c.set(c.get() + 1));
+        self.tiled.resize(m * k, 0);
+        self.tiled_d.resize(m * nsub, 0.0);
+        self.tiled_s.resize(m * nsub, 0.0);
+        for j0 in (0..m).step_by(TILE_ROWS) {
+            let w = TILE_ROWS.min(m - j0);
+            for r in 0..w {
+                let row = j0 + r;
+                for u in 0..nsub {
+                    let (src, dst) = (row * k + u * QSUB, j0 * k + (u * w + r) * QSUB);
+                    self.tiled[dst..dst + QSUB].copy_from_slice(&self.q[src..src + QSUB]);
+                    let at = j0 * nsub + u * w + r;
+                    self.tiled_d[at] = self.d[row * nsub + u];
+                    self.tiled_s[at] = self.s[row * nsub + u];
+                }
+            }
+        }
+    }
 }
 
 /// One 32-block's scales and sums (see `QActs`).

@@ -73,6 +73,13 @@ impl Tier {
         chunk_ranges(n.div_ceil(QPANEL), want, self.panel_align(job.w, m))
     }
 
+    /// Fills the activations' tiled layout where this call's tiles read it (`Kernels::needs_tiled`).
+    fn tile_acts(&self, acts: &mut QActs, m: usize, w: &QuantWeight) {
+        if self.sup_for(w.format, m).is_some_and(|k| k.needs_tiled(m)) {
+            acts.tile_rows(m, w.k);
+        }
+    }
+
     /// Runs the job's panels `panels` with the kernels of its matrix's format.
     ///
     /// # Safety
@@ -361,6 +368,7 @@ fn linear_with(
     ACTS.with(|cell| {
         let mut acts = cell.borrow_mut();
         quantize_par(isa, par, x, m, w.k, &mut acts);
+        kernels.tile_acts(&mut acts, m, w);
         let job = Job::new(&acts, m, w, bias, y);
         let chunks = kernels.chunks(par, &job);
         let task = |i: usize| {
@@ -403,6 +411,7 @@ pub fn quant_linear_group(isa: Isa, par: &dyn Parallel, items: &mut [GroupItem<'
         for (it, a) in items.iter().zip(acts.iter_mut()) {
             if it.m > 0 {
                 quantize_activations(isa, it.x, a);
+                kernels.tile_acts(a, it.m, it.w);
             }
         }
         let jobs: Vec<Job<'_>> = items

@@ -40,6 +40,7 @@
 
 use std::ops::Range;
 
+use super::acts::TILE_ROWS;
 use super::kblock::{sub_scales, super_bytes, Layout, SUBS, SUPER};
 use super::{store, Format, Job, QPANEL, QSUB};
 use crate::hint::prefetch;
@@ -118,6 +119,34 @@ impl Tile<'_> {
         self.job.acts.q.as_ptr().add((self.i0 + r) * k + b * SUPER)
     }
 
+    /// The tile's rows in the tiled layout (`QActs::tile_rows`) at super-block b's first 32-block: codes
+    /// (row r of 32-block s at `32 * (s * M + r)`), scales and sums (at `s * M + r`), for a tile of M rows
+    /// that are a whole group of that layout (i0 a multiple of `TILE_ROWS`). One row's layout is its own.
+    ///
+    /// # Safety
+    /// The caller filled the tiled layout for the job's rows (`Kernels::needs_tiled`), or m = 1.
+    #[inline(always)]
+    pub unsafe fn tiled<const M: usize>(&self, b: usize) -> (*const i8, *const f32, *const f32) {
+        let (a, k) = (self.job.acts, self.job.w.k());
+        let nsub = k / QSUB;
+        debug_assert!(
+            self.i0.is_multiple_of(TILE_ROWS) && M == TILE_ROWS.min(self.job.m - self.i0)
+        );
+        let u = self.i0 * nsub + b * SUBS * M;
+        if self.job.m == 1 {
+            return (
+                a.q.as_ptr().add(u * QSUB),
+                a.d.as_ptr().add(u),
+                a.s.as_ptr().add(u),
+            );
+        }
+        (
+            a.tiled.as_ptr().add(u * QSUB),
+            a.tiled_d.as_ptr().add(u),
+            a.tiled_s.as_ptr().add(u),
+        )
+    }
+
     /// Row i0 + r's activation scale and code sum of sub-block s of super-block b.
     #[inline(always)]
     pub unsafe fn scale_sum(&self, r: usize, b: usize, s: usize) -> (f32, f32) {
@@ -178,6 +207,16 @@ pub(crate) struct Kernels {
     pub min_rows: usize,
     /// Panels per unpacked group.
     pub panels: usize,
+    /// Whether the packed tiles read the activations' tiled layout (`QActs::tile_rows`).
+    pub tiled: bool,
+}
+
+impl Kernels {
+    /// Whether a call of m rows reads the tiled layout, which its caller then fills (`QActs::tile_rows`)
+    /// after quantizing: packed tiles of this tier, two rows or more.
+    pub(crate) fn needs_tiled(&self, m: usize) -> bool {
+        self.tiled && (2..self.min_rows).contains(&m)
+    }
 }
 
 /// The job's panels `panels` of a Q4K, Q6K or Q6K16 matrix (see the module's contract).
@@ -190,6 +229,14 @@ pub(crate) unsafe fn run(kernels: &Kernels, job: &Job<'_>, panels: Range<usize>)
     let f = w.format;
     let lay = Layout::new(f, w.k());
     let unpack = m >= kernels.min_rows;
+    if kernels.needs_tiled(m) {
+        let filled =
+            job.acts.tiled.len() >= m * w.k() && job.acts.tiled_d.len() >= m * w.k() / QSUB;
+        assert!(
+            filled,
+            "superblock::run: the tiled activations were not filled (QActs::tile_rows)"
+        );
+    }
     let pmax = if unpack { kernels.panels } else { 1 };
     if unpack {
         UNPACKED_PANELS.with(|c| c.set(c.get() + panels.len()));

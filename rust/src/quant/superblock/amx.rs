@@ -26,6 +26,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     tile: tile_hw,
     min_rows: 24,
     panels: 2,
+    tiled: true,
 };
 
 /// Rows from which a tile of unpacked codes runs on AMX; fewer run the AVX-512 VNNI tiles, as do the
@@ -43,6 +44,7 @@ pub(crate) static EMULATED: Kernels = Kernels {
     tile: tile_emulated,
     min_rows: 16,
     panels: 2,
+    tiled: false,
 };
 
 /// The emulated tiles with the hardware tier's AVX-512 epilogue (tests, on AVX-512 CPUs).

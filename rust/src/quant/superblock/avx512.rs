@@ -2,9 +2,12 @@
 //! 4 signed activation codes into the i32 lane of each of a panel's 16 rows; a sub-block's 8 of them make
 //! its exact dot product, then the contract's float epilogue (4 operations per row and panel).
 //!
-//! Tiles: a decode step's rows (below `min_rows`) read the packed codes, up to 8 rows at a time; from
-//! `min_rows` rows the unpacked codes, 6 rows x 2 panels (12 sums in flight, each activation broadcast
-//! feeding two `vpdpbusd` and each code vector six: 12 accumulators and 12 sums of the 32 registers).
+//! Tiles: a decode step's rows (below `min_rows`) read the packed codes, up to 8 rows at a time, their
+//! activations from the tiled layout (`QActs::tile_rows`: every row's 4 codes a broadcast at a constant
+//! offset from one pointer; with a pointer per row the 8-row tile ran more address arithmetic and
+//! reloads of spilled row pointers than `vpdpbusd`); from `min_rows` rows the unpacked codes, 6 rows x 2
+//! panels (12 sums in flight, each activation broadcast feeding two `vpdpbusd` and each code vector six:
+//! 12 accumulators and 12 sums of the 32 registers).
 //! Contract: `superblock.rs`'s, bit for bit.
 
 use std::arch::x86_64::*;
@@ -21,10 +24,11 @@ pub(crate) static KERNELS: Kernels = Kernels {
     tile,
     min_rows: 24,
     panels: 2,
+    tiled: true,
 };
 
 /// Rows per tile reading packed codes, and per tile of unpacked codes.
-const MR_PACKED: usize = 8;
+const MR_PACKED: usize = crate::quant::acts::TILE_ROWS;
 const MR: usize = 6;
 
 /// `acc + a . broadcast(*x)` (`vpdpbusd` with the 4 activation bytes at `x` as an embedded `{1to16}`
@@ -130,11 +134,121 @@ unsafe fn packed_scales<const KIND: u8>(
     }
 }
 
-/// Rows i0..i0 + M against P panels over the tile's super-blocks, y carried in registers throughout.
-/// Packed: the scales from the packed bytes per sub-block; unpacked: from the headers.
+/// `acc + a . broadcast(x[OFF..OFF + 4])` (`vpdpbusd` with an embedded `{1to16}` broadcast at a constant
+/// displacement): the packed tiles' rows are at fixed offsets from one pointer in the tiled layout, so
+/// each product is one instruction with no address arithmetic. Assembly, as `dpbusd_bcast`.
+///
+/// Safety: the CPU has AVX-512 VNNI; `x + OFF` points at 4 readable bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dp_at<const OFF: usize>(acc: __m512i, a: __m512i, x: *const i8) -> __m512i {
+    let mut acc = acc;
+    std::arch::asm!(
+        "vpdpbusd {acc}, {a}, dword ptr [{x} + {off}]{{1to16}}",
+        acc = inout(zmm_reg) acc,
+        a = in(zmm_reg) a,
+        x = in(reg) x,
+        off = const OFF,
+        options(pure, readonly, nostack, preserves_flags),
+    );
+    acc
+}
+
+/// Rows i0..i0 + M (a whole group of the tiled layout, `QActs::tile_rows`) against one panel's packed
+/// super-blocks, y in registers throughout: a decode step's tile. Per sub-block and 4-k group, the code
+/// vector is unpacked once and feeds M `vpdpbusd`, each row's 4 activation codes a broadcast at a constant
+/// offset from the sub-block's pointer (`dp_at`); two chains per row (the two nibbles of a packed
+/// group; Q6K16: the sub-block's halves).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
+#[allow(clippy::needless_range_loop)] // y[r], acc[r] are register tiles indexed by constant bounds
+unsafe fn packed<const M: usize, const KIND: u8>(t: &Tile<'_>) {
+    let mut y = [_mm512_setzero_ps(); M];
+    for r in 0..M {
+        y[r] = _mm512_loadu_ps(t.y.add(r * t.ystride));
+    }
+    for b in t.blocks.clone() {
+        let (tt, src) = (t.lay.subs(b), t.block(b));
+        let (xq, xd, xs) = t.tiled::<M>(b);
+        // The panel's d and dmin, widened once per super-block.
+        let dv = _mm512_cvtph_ps(_mm256_loadu_si256(src.cast()));
+        let mv = if KIND == Q4K {
+            _mm512_cvtph_ps(_mm256_loadu_si256(src.add(32).cast()))
+        } else {
+            _mm512_setzero_ps()
+        };
+        for s in 0..tt {
+            t.prefetch_next(b, s, tt);
+            let x = xq.add(s * M * 32);
+            let mut acc = [_mm512_setzero_si512(); M];
+            let mut acc2 = [_mm512_setzero_si512(); M];
+            // Row r's codes of group v at 32 r + 4 v (literal rows and groups: constant displacements).
+            macro_rules! dot {
+                ($acc:ident, $a:expr, $v:literal) => {
+                    dot!(@ $acc, $a, $v; 0 1 2 3 4 5 6 7)
+                };
+                (@ $acc:ident, $a:expr, $v:literal; $($r:literal)*) => {
+                    $(
+                        if $r < M {
+                            $acc[$r] = dp_at::<{ 32 * $r + 4 * $v }>($acc[$r], $a, x);
+                        }
+                    )*
+                };
+            }
+            // Group g's two code vectors (v = 2g, 2g + 1): which chain each goes to is a constant.
+            macro_rules! group {
+                ($g:literal, $lo:literal, $hi:literal) => {{
+                    let lo = codes::<true, KIND>(src, tt, s, $lo);
+                    let hi = codes::<true, KIND>(src, tt, s, $hi);
+                    if KIND == Q6K16 && $g >= 2 {
+                        dot!(acc2, lo, $lo);
+                        dot!(acc2, hi, $hi);
+                    } else if KIND == Q6K16 {
+                        dot!(acc, lo, $lo);
+                        dot!(acc, hi, $hi);
+                    } else {
+                        dot!(acc, lo, $lo);
+                        dot!(acc2, hi, $hi);
+                    }
+                }};
+            }
+            group!(0, 0, 1);
+            group!(1, 2, 3);
+            group!(2, 4, 5);
+            group!(3, 6, 7);
+            let (ds, dm) = packed_scales::<KIND>(src, tt, s, dv, mv);
+            for r in 0..M {
+                let (dx, sx) = (*xd.add(s * M + r), *xs.add(s * M + r));
+                if KIND == Q6K16 {
+                    let sa = t.half_sum(r, b, s);
+                    let half = |acc: __m512i, ds: __m512, sum: f32, y: __m512| {
+                        let c = _mm512_sub_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(32.0 * sum));
+                        _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y)
+                    };
+                    let ya = half(acc[r], ds, sa, y[r]);
+                    y[r] = half(acc2[r], dm, sx - sa, ya);
+                    continue;
+                }
+                let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], acc2[r]));
+                y[r] = if KIND == Q6K {
+                    let c = _mm512_sub_ps(dot, _mm512_set1_ps(32.0 * sx));
+                    _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y[r])
+                } else {
+                    let v = _mm512_fmsub_ps(ds, dot, _mm512_mul_ps(dm, _mm512_set1_ps(sx)));
+                    _mm512_fmadd_ps(v, _mm512_set1_ps(dx), y[r])
+                };
+            }
+        }
+    }
+    for r in 0..M {
+        _mm512_storeu_ps(t.y.add(r * t.ystride), y[r]);
+    }
+}
+
+/// Rows i0..i0 + M against P panels' unpacked codes of the tile's super-block (the scales from the
+/// headers), y carried in registers across its sub-blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")]
 #[allow(clippy::needless_range_loop)] // y[r][p], acc[r][p] are register tiles indexed by constant bounds
-unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u8>(t: &Tile<'_>) {
+unsafe fn rows<const M: usize, const P: usize, const KIND: u8>(t: &Tile<'_>) {
     let mut y = [[_mm512_setzero_ps(); P]; M];
     for r in 0..M {
         for p in 0..P {
@@ -148,26 +262,9 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
         for (r, x) in xs.iter_mut().enumerate() {
             *x = t.x(r, b);
         }
-        // Packed: each panel's d and dmin, widened once per super-block; the next one fetched.
-        let mut dv = [_mm512_setzero_ps(); P];
-        let mut mv = [_mm512_setzero_ps(); P];
-        if PACKED {
-            for p in 0..P {
-                dv[p] = _mm512_cvtph_ps(_mm256_loadu_si256(src(p).cast()));
-                if KIND == Q4K {
-                    mv[p] = _mm512_cvtph_ps(_mm256_loadu_si256(src(p).add(32).cast()));
-                }
-            }
-        }
         for s in 0..tt {
-            if PACKED {
-                t.prefetch_next(b, s, tt);
-            }
-            // Packed: two chains per row and panel (even and odd groups of 4 k, the two nibbles of a packed
-            // group): the broadcasts stay memory operands of `vpdpbusd` (with one chain LLVM hoisted an
-            // 8-row tile's 64 broadcasts into registers and spilled them; m = 16 ran at half the rate).
-            // Unpacked: one chain (12 accumulators and y fit the registers; the second chain's 12 additions
-            // per sub-block cost 5-7 % of the in-cache rate, measured). Q6K16: the first 16 k's products in
+            // One chain (12 accumulators and y fit the registers; a second chain's 12 additions per
+            // sub-block cost 5-7 % of the in-cache rate, measured). Q6K16: the first 16 k's products in
             // one chain, the last 16's in the other (its halves' sums).
             let mut acc = [[_mm512_setzero_si512(); P]; M];
             let mut acc2 = [[_mm512_setzero_si512(); P]; M];
@@ -175,14 +272,13 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
                 let mut lo = [_mm512_setzero_si512(); P];
                 let mut hi = [_mm512_setzero_si512(); P];
                 for p in 0..P {
-                    lo[p] = codes::<PACKED, KIND>(src(p), tt, s, 2 * g);
-                    hi[p] = codes::<PACKED, KIND>(src(p), tt, s, 2 * g + 1);
+                    lo[p] = codes::<false, KIND>(src(p), tt, s, 2 * g);
+                    hi[p] = codes::<false, KIND>(src(p), tt, s, 2 * g + 1);
                 }
                 for r in 0..M {
                     let xr = xs[r].add(s * 32 + 8 * g);
-                    // Which chain each nibble's products go to (compile-time constants per stamp).
-                    let lo_second = KIND == Q6K16 && g >= 2;
-                    let hi_second = if KIND == Q6K16 { g >= 2 } else { PACKED };
+                    // Which chain the products go to (a compile-time constant per stamp).
+                    let second = KIND == Q6K16 && g >= 2;
                     for p in 0..P {
                         // One panel: each broadcast feeds one `vpdpbusd`, as its memory operand.
                         let dot = |acc: __m512i, a: __m512i, x: *const i8| {
@@ -193,12 +289,12 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
                                 _mm512_dpbusd_epi32(acc, a, bx(x))
                             }
                         };
-                        if lo_second {
+                        if second {
                             acc2[r][p] = dot(acc2[r][p], lo[p], xr);
                         } else {
                             acc[r][p] = dot(acc[r][p], lo[p], xr);
                         }
-                        if hi_second {
+                        if second {
                             acc2[r][p] = dot(acc2[r][p], hi[p], xr.add(4));
                         } else {
                             acc[r][p] = dot(acc[r][p], hi[p], xr.add(4));
@@ -214,15 +310,9 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
                 }
             }
             for p in 0..P {
-                let (ds, dm) = if PACKED {
-                    packed_scales::<KIND>(src(p), tt, s, dv[p], mv[p])
-                } else {
-                    let h = &*t.hdr.add(p);
-                    (
-                        _mm512_load_ps(h.ds[s].as_ptr()),
-                        _mm512_load_ps(h.dm[s].as_ptr()),
-                    )
-                };
+                let h = &*t.hdr.add(p);
+                let ds = _mm512_load_ps(h.ds[s].as_ptr());
+                let dm = _mm512_load_ps(h.dm[s].as_ptr());
                 for r in 0..M {
                     let (dx, sx) = t.scale_sum(r, b, s);
                     if KIND == Q6K16 {
@@ -261,39 +351,50 @@ unsafe fn rows<const M: usize, const P: usize, const PACKED: bool, const KIND: u
 pub(super) unsafe fn tile(t: &Tile<'_>) -> usize {
     let left = t.left();
     macro_rules! go {
-        ($m:literal, $p:literal, $packed:literal) => {{
+        ($m:literal, $p:literal) => {{
             match t.job.w.format {
-                Format::Q6K => rows::<$m, $p, $packed, Q6K>(t),
-                Format::Q6K16 => rows::<$m, $p, $packed, Q6K16>(t),
-                _ => rows::<$m, $p, $packed, Q4K>(t),
+                Format::Q6K => rows::<$m, $p, Q6K>(t),
+                Format::Q6K16 => rows::<$m, $p, Q6K16>(t),
+                _ => rows::<$m, $p, Q4K>(t),
             }
             $m
         }};
     }
     if t.packed {
+        macro_rules! packed {
+            ($m:literal) => {{
+                match t.job.w.format {
+                    Format::Q6K => packed::<$m, Q6K>(t),
+                    Format::Q6K16 => packed::<$m, Q6K16>(t),
+                    _ => packed::<$m, Q4K>(t),
+                }
+                $m
+            }};
+        }
+        // Whole groups of the tiled layout: i0 is a multiple of 8 (the driver's first row is 0 here).
         return match left.min(MR_PACKED) {
-            1 => go!(1, 1, true),
-            2 => go!(2, 1, true),
-            3 => go!(3, 1, true),
-            4 => go!(4, 1, true),
-            5 => go!(5, 1, true),
-            6 => go!(6, 1, true),
-            7 => go!(7, 1, true),
-            _ => go!(8, 1, true),
+            1 => packed!(1),
+            2 => packed!(2),
+            3 => packed!(3),
+            4 => packed!(4),
+            5 => packed!(5),
+            6 => packed!(6),
+            7 => packed!(7),
+            _ => packed!(8),
         };
     }
     match (t.panels, left.min(MR)) {
-        (2, 1) => go!(1, 2, false),
-        (2, 2) => go!(2, 2, false),
-        (2, 3) => go!(3, 2, false),
-        (2, 4) => go!(4, 2, false),
-        (2, 5) => go!(5, 2, false),
-        (2, _) => go!(6, 2, false),
-        (_, 1) => go!(1, 1, false),
-        (_, 2) => go!(2, 1, false),
-        (_, 3) => go!(3, 1, false),
-        (_, 4) => go!(4, 1, false),
-        (_, 5) => go!(5, 1, false),
-        (_, _) => go!(6, 1, false),
+        (2, 1) => go!(1, 2),
+        (2, 2) => go!(2, 2),
+        (2, 3) => go!(3, 2),
+        (2, 4) => go!(4, 2),
+        (2, 5) => go!(5, 2),
+        (2, _) => go!(6, 2),
+        (_, 1) => go!(1, 1),
+        (_, 2) => go!(2, 1),
+        (_, 3) => go!(3, 1),
+        (_, 4) => go!(4, 1),
+        (_, 5) => go!(5, 1),
+        (_, _) => go!(6, 1),
     }
 }

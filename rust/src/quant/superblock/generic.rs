@@ -12,6 +12,7 @@ pub(crate) static KERNELS: Kernels = Kernels {
     tile,
     min_rows: 6,
     panels: 1,
+    tiled: false,
 };
 
 /// Every row left against one panel.

@@ -26,6 +26,7 @@ macro_rules! vnni_super {
                 tile,
                 min_rows: 6,
                 panels: 1,
+                tiled: false,
             };
 
             /// One panel, rows i0..i0 + M, as the AVX-512 tiles on two half-panel vectors.
