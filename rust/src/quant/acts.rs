@@ -25,10 +25,10 @@ pub(crate) struct ActsOut {
     pub q: *mut i8,
     pub q2: *mut i8,
     pub fine: *mut i16,
-    d: *mut f32,
-    s: *mut f32,
-    d_fine: *mut f32,
-    s_fine: *mut i32,
+    pub d: *mut f32,
+    pub s: *mut f32,
+    pub d_fine: *mut f32,
+    pub s_fine: *mut i32,
 }
 
 // SAFETY: an ActsOut is only shared by tasks that write disjoint block ranges of it (`quantize_par`).

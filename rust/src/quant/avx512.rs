@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::BlockTile;
-use super::{block_scale, store, ActsOut, BlockCodes, Format, Job, LO, QPANEL, QSUB};
+use super::{store, ActsOut, Format, Job, LO, QPANEL, QSUB};
 use crate::isa::Isa;
 
 /// x rows per register tile: 8 (Q8: 16) i32 sums and 8 f32 outputs, plus the weight vectors.
@@ -27,6 +27,101 @@ pub fn usable() -> bool {
     Isa::Avx512.cpu_has() && std::arch::is_x86_feature_detected!("avx512vnni")
 }
 
+/// Blocks whose scales are found together: their maxima reduced into one vector, both scales of all
+/// of them from one division each.
+const SCALE_GROUP: usize = 16;
+
+/// The maxima of 16 vectors, lane j of the result the maximum over `a[j]`'s lanes: a tree of in-register
+/// shuffles (15 steps for 16 blocks instead of a horizontal reduction of 4 dependent steps each). Max is
+/// exact, so the values are those of any reduction order.
+#[inline(always)]
+unsafe fn max_of_each(a: &[__m512; SCALE_GROUP]) -> __m512 {
+    // Halves of each pair of blocks, then quarters, then within 128-bit lanes.
+    let m: [__m512; 8] = std::array::from_fn(|i| {
+        let (x, y) = (a[2 * i], a[2 * i + 1]);
+        _mm512_max_ps(
+            _mm512_shuffle_f32x4::<0x44>(x, y),
+            _mm512_shuffle_f32x4::<0xEE>(x, y),
+        )
+    });
+    // Lane L of n[i] holds block 4 i + L's 4 partial maxima.
+    let n: [__m512; 4] = std::array::from_fn(|i| {
+        let (x, y) = (m[2 * i], m[2 * i + 1]);
+        _mm512_max_ps(
+            _mm512_shuffle_f32x4::<0x88>(x, y),
+            _mm512_shuffle_f32x4::<0xDD>(x, y),
+        )
+    });
+    let o: [__m512; 2] = std::array::from_fn(|i| {
+        let (x, y) = (n[2 * i], n[2 * i + 1]);
+        _mm512_max_ps(
+            _mm512_shuffle_ps::<0x44>(x, y),
+            _mm512_shuffle_ps::<0xEE>(x, y),
+        )
+    });
+    // Element 4 L + e now holds block 4 e + L's maximum.
+    let t = _mm512_max_ps(
+        _mm512_shuffle_ps::<0x88>(o[0], o[1]),
+        _mm512_shuffle_ps::<0xDD>(o[0], o[1]),
+    );
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(order, t)
+}
+
+/// Where `sums_of_each`'s last step leaves block B's sum of kind c (0 coarse, 1 residual): element
+/// `4 L + e` of vector i (the second vector's elements numbered from 16), with B = 8 i + 2 e + L / 2 and
+/// c = L % 2 (the shuffles' order, below).
+const fn sum_positions(kind: usize) -> [i32; 16] {
+    let mut idx = [0i32; 16];
+    let mut b = 0;
+    while b < 16 {
+        let (i, rem) = (b / 8, b % 8);
+        let (e, l) = (rem / 2, 2 * (rem % 2) + kind);
+        idx[b] = (16 * i + 4 * l + e) as i32;
+        b += 1;
+    }
+    idx
+}
+
+/// 16 blocks' code sums from their per-4 sums (`v[j]`: dwords 0-7 block j's coarse codes, 8-15 its
+/// residual ones): (coarse sums, residual sums), lane j block j's. Exact i32 additions (|sum| <= 32 x
+/// 127), in a tree of shuffles instead of a horizontal reduction per block.
+#[inline(always)]
+unsafe fn sums_of_each(v: &[__m512i; SCALE_GROUP]) -> (__m512i, __m512i) {
+    // m[j]'s 128-bit lanes: block 2j coarse, 2j residual, 2j+1 coarse, 2j+1 residual (4 partials each).
+    let m: [__m512i; 8] = std::array::from_fn(|j| {
+        let (x, y) = (v[2 * j], v[2 * j + 1]);
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x88>(x, y),
+            _mm512_shuffle_i32x4::<0xDD>(x, y),
+        )
+    });
+    // Two partials of each of m[2i]'s lanes, then two of m[2i + 1]'s.
+    let n: [__m512i; 4] = std::array::from_fn(|i| {
+        let (x, y) = (m[2 * i], m[2 * i + 1]);
+        _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+    });
+    // Element 4 L + e of o[i]: lane L of m[4 i + e], whole.
+    let o: [__m512i; 2] = std::array::from_fn(|i| {
+        let (x, y) = (
+            _mm512_castsi512_ps(n[2 * i]),
+            _mm512_castsi512_ps(n[2 * i + 1]),
+        );
+        _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(x, y)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(x, y)),
+        )
+    });
+    let at = |kind: usize| {
+        let p = sum_positions(kind);
+        _mm512_loadu_si512(p.as_ptr().cast())
+    };
+    (
+        _mm512_permutex2var_epi32(o[0], at(0), o[1]),
+        _mm512_permutex2var_epi32(o[0], at(1), o[1]),
+    )
+}
+
 /// # Safety
 /// The CPU supports the tier (`usable`); `out` holds x's blocks (`quantize_activations`) and no other
 /// thread writes them.
@@ -34,46 +129,75 @@ pub fn usable() -> bool {
 pub unsafe fn quantize_rows(x: &[f32], out: ActsOut) {
     let sign = _mm512_set1_ps(-0.0);
     let lo = _mm512_set1_epi8(-127);
-    let bias = _mm512_set1_epi8(-128);
+    let ones = _mm512_set1_epi8(1);
     // packs interleaves its inputs per 128-bit lane: lane L of the packed bytes holds 4 codes each of
     // c[0..16], c[16..32], c2[0..16], c2[16..32] (from 4L on); this gathers them back into k order.
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for b in 0..x.len() / QSUB {
-        let p = x.as_ptr().add(b * QSUB);
-        let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
-        let a = _mm512_max_ps(_mm512_andnot_ps(sign, v[0]), _mm512_andnot_ps(sign, v[1]));
-        let amax = _mm512_reduce_max_ps(a);
-        let (dd, id) = block_scale(amax);
-        let (idv, ddv, id2v) = (
-            _mm512_set1_ps(id),
-            _mm512_set1_ps(dd),
-            _mm512_set1_ps(id * LO as f32),
-        );
-        // Default MXCSR rounding is to nearest even, as the reference's round_ties_even; the residual
-        // is a separate multiply and subtract, as in the reference. |x * id| <= 127 for finite x, so
-        // the coarse codes need no clamp before the residual; the saturating packs and the max with
-        // -127 below clamp both codes to [-127, 127] as the reference does.
-        let c = v.map(|vh| _mm512_cvtps_epi32(_mm512_mul_ps(vh, idv)));
-        let c2: [__m512i; 2] = std::array::from_fn(|h| {
-            let r = _mm512_sub_ps(v[h], _mm512_mul_ps(_mm512_cvtepi32_ps(c[h]), ddv));
-            _mm512_cvtps_epi32(_mm512_mul_ps(r, id2v))
-        });
-        let packed = _mm512_packs_epi16(
-            _mm512_packs_epi32(c[0], c[1]),
-            _mm512_packs_epi32(c2[0], c2[1]),
-        );
-        let codes = _mm512_max_epi8(_mm512_permutexvar_epi32(order, packed), lo);
-        let at = b * QSUB;
-        _mm256_storeu_si256(out.q.add(at).cast(), _mm512_castsi512_si256(codes));
-        _mm256_storeu_si256(out.q2.add(at).cast(), _mm512_extracti64x4_epi64::<1>(codes));
-        // Sums of the stored codes: sad of the codes + 128 against zero adds 8 at a time (qwords 0-3
-        // hold the coarse codes, 4-7 the residual); two in-lane steps total each half.
-        let t = _mm512_sad_epu8(_mm512_xor_si512(codes, bias), _mm512_setzero_si512());
-        let t = _mm512_add_epi64(t, _mm512_shuffle_epi32::<0b01_00_11_10>(t));
-        let t = _mm512_add_epi64(t, _mm512_shuffle_i64x2::<0b10_11_00_01>(t, t));
-        let s1 = _mm_cvtsi128_si32(_mm512_castsi512_si128(t)) - 128 * QSUB as i32;
-        let s2 = _mm_cvtsi128_si32(_mm512_extracti32x4_epi32::<2>(t)) - 128 * QSUB as i32;
-        out.put(b, BlockCodes::new(dd, s1, s2));
+    let blocks = x.len() / QSUB;
+    let mut g0 = 0;
+    while g0 < blocks {
+        let n = SCALE_GROUP.min(blocks - g0);
+        // Each block's scales, 16 blocks at once: block_scale's rule lane by lane (the same correctly
+        // rounded divisions; a lane that is not > 0, or whose 127 / max is not finite, gets zeros).
+        let mut a = [_mm512_setzero_ps(); SCALE_GROUP];
+        for (j, aj) in a.iter_mut().enumerate().take(n) {
+            let p = x.as_ptr().add((g0 + j) * QSUB);
+            *aj = _mm512_max_ps(
+                _mm512_andnot_ps(sign, _mm512_loadu_ps(p)),
+                _mm512_andnot_ps(sign, _mm512_loadu_ps(p.add(16))),
+            );
+        }
+        let amax = max_of_each(&a);
+        let c127 = _mm512_set1_ps(127.0);
+        let inv = _mm512_div_ps(c127, amax);
+        let ok = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(amax, _mm512_setzero_ps())
+            & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(inv, _mm512_set1_ps(f32::INFINITY));
+        let dd = _mm512_maskz_div_ps(ok, amax, c127);
+        let id = _mm512_maskz_mov_ps(ok, inv);
+        let lo_f = _mm512_set1_ps(LO as f32);
+        let (mut ids, mut id2s, mut dds) = ([0f32; 16], [0f32; 16], [0f32; 16]);
+        _mm512_storeu_ps(ids.as_mut_ptr(), id);
+        _mm512_storeu_ps(id2s.as_mut_ptr(), _mm512_mul_ps(id, lo_f));
+        _mm512_storeu_ps(dds.as_mut_ptr(), dd);
+        let mut sums = [_mm512_setzero_si512(); SCALE_GROUP];
+        for j in 0..n {
+            let b = g0 + j;
+            let p = x.as_ptr().add(b * QSUB);
+            let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+            let (idv, ddv, id2v) = (
+                _mm512_set1_ps(ids[j]),
+                _mm512_set1_ps(dds[j]),
+                _mm512_set1_ps(id2s[j]),
+            );
+            // Default MXCSR rounding is to nearest even, as the reference's round_ties_even; the
+            // residual is a separate multiply and subtract, as in the reference. |x * id| <= 127 for
+            // finite x, so the coarse codes need no clamp before the residual; the saturating packs and
+            // the max with -127 below clamp both codes to [-127, 127] as the reference does.
+            let c = v.map(|vh| _mm512_cvtps_epi32(_mm512_mul_ps(vh, idv)));
+            let c2: [__m512i; 2] = std::array::from_fn(|h| {
+                let r = _mm512_sub_ps(v[h], _mm512_mul_ps(_mm512_cvtepi32_ps(c[h]), ddv));
+                _mm512_cvtps_epi32(_mm512_mul_ps(r, id2v))
+            });
+            let packed = _mm512_packs_epi16(
+                _mm512_packs_epi32(c[0], c[1]),
+                _mm512_packs_epi32(c2[0], c2[1]),
+            );
+            let codes = _mm512_max_epi8(_mm512_permutexvar_epi32(order, packed), lo);
+            let at = b * QSUB;
+            _mm256_storeu_si256(out.q.add(at).cast(), _mm512_castsi512_si256(codes));
+            _mm256_storeu_si256(out.q2.add(at).cast(), _mm512_extracti64x4_epi64::<1>(codes));
+            // Sums of the stored codes, 4 at a time (ones times each signed code), reduced below.
+            sums[j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, codes);
+        }
+        // The 16 blocks' scales and sums stored at once (a shorter last group: its blocks only).
+        let (s1, s2) = sums_of_each(&sums);
+        let keep: __mmask16 = if n == 16 { 0xffff } else { (1 << n) - 1 };
+        _mm512_mask_storeu_ps(out.d.add(g0), keep, dd);
+        _mm512_mask_storeu_ps(out.s.add(g0), keep, _mm512_cvtepi32_ps(s1));
+        _mm512_mask_storeu_ps(out.d_fine.add(g0), keep, _mm512_div_ps(dd, lo_f));
+        let fine = _mm512_add_epi32(_mm512_mullo_epi32(s1, _mm512_set1_epi32(LO)), s2);
+        _mm512_mask_storeu_epi32(out.s_fine.add(g0).cast(), keep, fine);
+        g0 += n;
     }
 }
 
