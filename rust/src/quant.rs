@@ -61,7 +61,7 @@ pub mod grid;
 pub mod kblock;
 pub mod row_q8;
 
-pub(crate) use acts::{block_scale, ActsOut};
+pub(crate) use acts::ActsOut;
 pub use acts::{quantize_activations, quantize_block, tiled_acts_run, BlockCodes, QActs, LO};
 pub use f16::{f16_to_f32, f32_to_f16};
 pub use fit::{quantize, QuantOptions};
