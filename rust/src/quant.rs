@@ -33,7 +33,8 @@
 //! This file holds the module's public names; the parts live in `quant/formats.rs` (`Format`, and one file
 //! per family of formats), `quant/weight.rs` (`QuantRows`, `QuantWeight`), `quant/acts.rs` (`QActs`, `quantize_block`),
 //! `quant/linear.rs` (the tiers, `quant_linear`, the split into tasks), `quant/job.rs` (what a tier's
-//! kernels read, and the store of their sums), `quant/fit.rs` (the quantizers' driver) and one file per tier.
+//! kernels read, and the store of their sums), `quant/fit.rs` (the quantizers' driver) and one file per tier
+//! (the AVX2 tier's activation quantizer in `quant/avx2_acts.rs`).
 
 mod acts;
 mod generic;
@@ -45,6 +46,8 @@ mod superblock;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_acts;
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows;
 #[cfg(target_arch = "x86_64")]

@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use super::acts::{quantize_activations, quantize_par, ActsOut, Source};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx2_rows, avx512, avxvnni};
+use super::{avx2, avx2_acts, avx2_rows, avx512, avxvnni};
 use super::{generic, superblock, Format, Job, QActs, QuantWeight, QPANEL};
 use crate::isa::Isa;
 use crate::par::{chunk_ranges, run_tasks, Parallel};
@@ -124,7 +124,7 @@ pub(super) fn tier(isa: Isa) -> Tier {
                 } else {
                     avx2::panels
                 },
-                quantize: avx2::quantize_rows,
+                quantize: avx2_acts::quantize_rows,
                 name: if vnni { "avxvnni" } else { "avx2" },
                 fine: true,
                 sup: vnni.then_some(&avxvnni::real::sup::KERNELS),

@@ -56,7 +56,7 @@ fn code(y: f32, inv: f32) -> i8 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use crate::quant::avx2::{hmax, pack_codes};
+    use crate::quant::avx2_acts::{hmax, pack_codes};
 
     /// `quantize_row_scalar`, 32 values a step (the rest scalar).
     ///
