@@ -134,6 +134,33 @@ unsafe fn packed_scales<const KIND: u8>(
     }
 }
 
+/// One row and panel's sub-block added into y by the contract's float epilogue (`superblock.rs`), for both
+/// kinds of tile: the two chains' i32 sums, the weights' `ds` / `dm`, and the row's scale dx, code sum sx
+/// and (Q6K16 only) first-half code sum sa.
+#[inline(always)]
+unsafe fn epilogue<const KIND: u8>(
+    y: __m512,
+    (acc, acc2): (__m512i, __m512i),
+    (ds, dm): (__m512, __m512),
+    (dx, sx, sa): (f32, f32, f32),
+) -> __m512 {
+    if KIND == Q6K16 {
+        let half = |acc: __m512i, ds: __m512, sum: f32, y: __m512| {
+            let c = _mm512_sub_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(32.0 * sum));
+            _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y)
+        };
+        return half(acc2, dm, sx - sa, half(acc, ds, sa, y));
+    }
+    let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc, acc2));
+    if KIND == Q6K {
+        let c = _mm512_sub_ps(dot, _mm512_set1_ps(32.0 * sx));
+        _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y)
+    } else {
+        let v = _mm512_fmsub_ps(ds, dot, _mm512_mul_ps(dm, _mm512_set1_ps(sx)));
+        _mm512_fmadd_ps(v, _mm512_set1_ps(dx), y)
+    }
+}
+
 /// `acc + a . broadcast(x[OFF..OFF + 4])` (`vpdpbusd` with an embedded `{1to16}` broadcast at a constant
 /// displacement): the packed tiles' rows are at fixed offsets from one pointer in the tiled layout, so
 /// each product is one instruction with no address arithmetic. Assembly, as `dpbusd_bcast`.
@@ -218,24 +245,12 @@ unsafe fn packed<const M: usize, const KIND: u8>(t: &Tile<'_>) {
             let (ds, dm) = packed_scales::<KIND>(src, tt, s, dv, mv);
             for r in 0..M {
                 let (dx, sx) = (*xd.add(s * M + r), *xs.add(s * M + r));
-                if KIND == Q6K16 {
-                    let sa = t.half_sum(r, b, s);
-                    let half = |acc: __m512i, ds: __m512, sum: f32, y: __m512| {
-                        let c = _mm512_sub_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(32.0 * sum));
-                        _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y)
-                    };
-                    let ya = half(acc[r], ds, sa, y[r]);
-                    y[r] = half(acc2[r], dm, sx - sa, ya);
-                    continue;
-                }
-                let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], acc2[r]));
-                y[r] = if KIND == Q6K {
-                    let c = _mm512_sub_ps(dot, _mm512_set1_ps(32.0 * sx));
-                    _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y[r])
+                let sa = if KIND == Q6K16 {
+                    t.half_sum(r, b, s)
                 } else {
-                    let v = _mm512_fmsub_ps(ds, dot, _mm512_mul_ps(dm, _mm512_set1_ps(sx)));
-                    _mm512_fmadd_ps(v, _mm512_set1_ps(dx), y[r])
+                    0.0
                 };
+                y[r] = epilogue::<KIND>(y[r], (acc[r], acc2[r]), (ds, dm), (dx, sx, sa));
             }
         }
     }
@@ -315,24 +330,8 @@ unsafe fn rows<const M: usize, const P: usize, const KIND: u8>(t: &Tile<'_>) {
                 let dm = _mm512_load_ps(h.dm[s].as_ptr());
                 for r in 0..M {
                     let (dx, sx) = t.scale_sum(r, b, s);
-                    if KIND == Q6K16 {
-                        let half = |acc: __m512i, ds: __m512, sum: f32, y: __m512| {
-                            let c =
-                                _mm512_sub_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(32.0 * sum));
-                            _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y)
-                        };
-                        let ya = half(acc[r][p], ds, sa[r], y[r][p]);
-                        y[r][p] = half(acc2[r][p], dm, sx - sa[r], ya);
-                        continue;
-                    }
-                    let dot = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[r][p], acc2[r][p]));
-                    y[r][p] = if KIND == Q6K {
-                        let c = _mm512_sub_ps(dot, _mm512_set1_ps(32.0 * sx));
-                        _mm512_fmadd_ps(ds, _mm512_mul_ps(c, _mm512_set1_ps(dx)), y[r][p])
-                    } else {
-                        let v = _mm512_fmsub_ps(ds, dot, _mm512_mul_ps(dm, _mm512_set1_ps(sx)));
-                        _mm512_fmadd_ps(v, _mm512_set1_ps(dx), y[r][p])
-                    };
+                    let sums = (acc[r][p], acc2[r][p]);
+                    y[r][p] = epilogue::<KIND>(y[r][p], sums, (ds, dm), (dx, sx, sa[r]));
                 }
             }
         }
